@@ -1,0 +1,93 @@
+// CPU implementations of the cutlass_nn operators.
+//
+// They are the reference and the fallback, not the speed path: each one validates with the
+// shared checks (so errors match the CUDA backend) and then calls ATen's own CPU routines.
+#include <ATen/ATen.h>
+#include <ATen/native/Resize.h>
+#include <torch/library.h>
+
+#include "../op_checks.h"
+
+namespace cutlass_nn {
+namespace {
+
+// [*, features] -> [prod(*), features]; a view where possible.
+at::Tensor flatten_leading(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+
+// [*, in] leading shape with a new last dimension.
+std::vector<int64_t> with_last_dim(const at::Tensor& t, int64_t last) {
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  sizes.back() = last;
+  return sizes;
+}
+
+at::Tensor linear_cpu(const at::Tensor& input, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias) {
+  check_linear_args(input, weight, bias);
+  const at::Tensor x = flatten_leading(input);
+  at::Tensor y = bias.has_value() ? at::addmm(*bias, x, weight.t()) : at::mm(x, weight.t());
+  return y.reshape(with_last_dim(input, weight.size(0)));
+}
+
+at::Tensor linear_dgrad_cpu(const at::Tensor& grad_output, const at::Tensor& weight) {
+  check_linear_dgrad_args(grad_output, weight);
+  return at::mm(flatten_leading(grad_output), weight)
+      .reshape(with_last_dim(grad_output, weight.size(1)));
+}
+
+at::Tensor linear_wgrad_cpu(const at::Tensor& grad_output, const at::Tensor& input) {
+  check_linear_wgrad_args(grad_output, input);
+  return at::mm(flatten_leading(grad_output).t(), flatten_leading(input));
+}
+
+void linear_wgrad_accumulate_cpu(const at::Tensor& grad_weight, const at::Tensor& grad_output,
+                                 const at::Tensor& input) {
+  check_linear_wgrad_accumulate_args(grad_weight, grad_output, input);
+  const auto acc_dtype = grad_weight.scalar_type();
+  // Upcast the operands when accumulating 16-bit products into a float32 gradient, so that the
+  // products are formed and summed in float32, as the CUDA kernel does with beta = 1.
+  at::Tensor dy = flatten_leading(grad_output).to(acc_dtype);
+  at::Tensor x = flatten_leading(input).to(acc_dtype);
+  const_cast<at::Tensor&>(grad_weight).addmm_(dy.t(), x);
+}
+
+at::Tensor bias_grad_cpu(const at::Tensor& grad_output) {
+  check_bias_grad_args(grad_output);
+  return flatten_leading(grad_output).sum(0);
+}
+
+at::Tensor mm_cpu(const at::Tensor& a, const at::Tensor& b) {
+  check_mm_args("mm", a, b);
+  return at::mm(a, b);
+}
+
+at::Tensor& mm_out_cpu(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  check_mm_args("mm.out", a, b);
+  check_mm_out_arg(a, out);
+  // Compute first, then resize and copy: `out` is untouched if anything above fails, `out` may
+  // alias an input, and a non-contiguous `out` receives the result by copy-back.
+  at::Tensor result = at::mm(a, b);
+  at::native::resize_output(out, result.sizes());
+  out.copy_(result);
+  return out;
+}
+
+at::Tensor add2_cpu(const at::Tensor& a, const at::Tensor& b) {
+  check_add2_args(a, b);
+  return at::add(a, b);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cutlass_nn, CPU, m) {
+  m.impl("linear", &linear_cpu);
+  m.impl("linear_dgrad", &linear_dgrad_cpu);
+  m.impl("linear_wgrad", &linear_wgrad_cpu);
+  m.impl("linear_wgrad_accumulate_", &linear_wgrad_accumulate_cpu);
+  m.impl("bias_grad", &bias_grad_cpu);
+  m.impl("mm", &mm_cpu);
+  m.impl("mm.out", &mm_out_cpu);
+  m.impl("add2", &add2_cpu);
+}
+
+}  // namespace cutlass_nn

@@ -1,0 +1,93 @@
+// Torch-free interface of the cutlass_nn GEMM kernels.
+//
+// The binding layer (csrc/cuda/*.cu) validates tensors, fills a GemmParams and calls run_gemm();
+// nothing in csrc/kernels/ includes ATen or knows about torch::Tensor.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cutlass_nn {
+namespace kernels {
+
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat64 = 3 };
+
+// Storage order of an operand matrix. RowMajor: element (i, j) at ptr[i * ld + j];
+// ColumnMajor: element (i, j) at ptr[i + j * ld].
+enum class Layout : int { kRowMajor = 0, kColumnMajor = 1 };
+
+// How float32 GEMMs may compute (ignored for the other dtypes).
+enum class Fp32Math : int {
+  kIeee = 0,  // full fp32 FMA (torch.get_float32_matmul_precision() == "highest")
+  kTf32 = 1,  // TF32 tensor cores ("high" / "medium", allow_tf32 = True)
+};
+
+// Which generation of kernels to use.
+enum class ArchPath : int {
+  kAuto = 0,  // SM90 TMA warp-specialized kernel where it fits, else SM80
+  kSm80 = 1,  // force the CUTLASS 2.x (Ampere-class) kernels, also on Hopper
+};
+
+// D[m, n] = alpha * sum_k A[m, k] * B[k, n] + beta * C[m, n]
+//
+// A is m x k, B is k x n, C and D are m x n and RowMajor. C may alias D (in-place
+// accumulation, beta = 1). C may be a row vector broadcast over rows: c_row_broadcast = true
+// means C[i, j] = c[j] (a bias of length n), ldc is then ignored.
+struct GemmParams {
+  int64_t m = 0, n = 0, k = 0;
+
+  const void* a = nullptr;
+  int64_t lda = 0;
+  Layout layout_a = Layout::kRowMajor;
+
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  Layout layout_b = Layout::kRowMajor;
+
+  const void* c = nullptr;  // nullptr means beta is treated as 0
+  int64_t ldc = 0;
+  bool c_row_broadcast = false;
+
+  void* d = nullptr;
+  int64_t ldd = 0;
+
+  float alpha = 1.0f;
+  float beta = 0.0f;
+
+  DType dtype_ab = DType::kFloat16;  // dtype of A and B
+  DType dtype_cd = DType::kFloat16;  // dtype of C and D (dtype_ab, or kFloat32 for 16-bit A/B)
+
+  Fp32Math fp32_math = Fp32Math::kTf32;
+  ArchPath arch_path = ArchPath::kAuto;
+  int sm = 0;              // compute capability of the device, major * 10 + minor
+  int multiprocessors = 0;  // number of SMs of the device (for kernels that size grids by it)
+};
+
+enum class GemmStatus : int {
+  kSuccess = 0,
+  kUnsupported = 1,       // no compiled kernel handles this dtype / layout / arch combination
+  kCannotImplement = 2,   // the selected kernel's can_implement() refused the problem
+  kWorkspaceTooSmall = 3,
+  kInitializeFailed = 4,
+  kRunFailed = 5,
+  kLaunchFailed = 6,      // cudaGetLastError() after the launch was not cudaSuccess
+};
+
+const char* gemm_status_string(GemmStatus status);
+
+// Human-readable name of the kernel that run_gemm() would pick for these params ("" if none).
+// Used in error messages and by tests that check the dispatch.
+const char* gemm_kernel_name(const GemmParams& params);
+
+// Bytes of device workspace run_gemm() needs for these params (0 if none).
+size_t gemm_workspace_size(const GemmParams& params);
+
+// Runs the GEMM on `stream`. `workspace` must hold gemm_workspace_size(params) bytes.
+// On failure, *detail (if not null) receives a static string naming the failing step.
+GemmStatus run_gemm(const GemmParams& params, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream, const char** detail);
+
+}  // namespace kernels
+}  // namespace cutlass_nn

@@ -1,0 +1,50 @@
+// Light-weight declarations shared by the GEMM dispatcher (gemm_dispatch.cu) and the generated
+// per-kernel translation units (generated/*.cu). Includes no CUTLASS header: the dispatcher only
+// sees a tag type per kernel and the declaration of launch<Tag>(); the heavy template bodies live
+// in gemm_sm90.cuh / gemm_sm80.cuh / gemm_fallback.cuh and are instantiated once, in the
+// generated file that owns the kernel.
+#pragma once
+
+#include <cstddef>
+
+#include "gemm_params.h"
+
+namespace cutlass_nn {
+namespace kernels {
+
+enum class KernelFamily : int {
+  kSm90TmaWs = 0,     // CUTLASS 3.x, TMA + warp-specialized WGMMA (gemm_sm90.cuh), Hopper only
+  kSm80TensorOp = 1,  // CUTLASS 2.x multistage tensor-op: f16/bf16 (16x8x16), tf32 (16x8x8), f64 (8x8x4)
+  kSm80Simt = 2,      // CUTLASS 2.x multistage SIMT (full IEEE fp32 FMA)
+  kFallback = 3,      // plain CUDA smem-tiled kernel (gemm_fallback.cuh): any alignment, runtime layout
+};
+
+// Compile-time identity of one kernel. Align is the A/B access width in elements; Config selects
+// a tile configuration of the family (see Sm90TileConfig in gemm_sm90.cuh).
+template <KernelFamily F, DType AB, DType CD, Layout LA, Layout LB, int Align, int Config = 0>
+struct KernelTag {};
+
+// Runs (or, if workspace_query != nullptr, only sizes the workspace of) the kernel named by Tag.
+// Defined in gemm_launch.cuh's family headers and explicitly instantiated by generated/*.cu.
+template <class Tag>
+GemmStatus launch(const GemmParams& params, void* workspace, size_t workspace_bytes,
+                  cudaStream_t stream, const char** detail, size_t* workspace_query);
+
+using LaunchFn = GemmStatus (*)(const GemmParams&, void*, size_t, cudaStream_t, const char**,
+                                size_t*);
+
+// One row of generated/kernel_registry.inc.
+struct KernelEntry {
+  KernelFamily family;
+  DType dtype_ab;
+  DType dtype_cd;
+  Layout layout_a;  // ignored for kFallback (layouts are runtime there)
+  Layout layout_b;
+  int align_ab;     // required alignment (elements) of A and B: pointer, ld and contiguous extent
+  int align_cd;     // required alignment (elements) of C and D
+  const char* name;
+  LaunchFn fn;
+};
+
+}  // namespace kernels
+}  // namespace cutlass_nn

@@ -1,0 +1,101 @@
+#include "op_checks.h"
+
+#include "validation.h"
+
+namespace cutlass_nn {
+
+void check_linear_args(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias) {
+  const char* op = "linear";
+  check_float_dtype(op, "input", input);
+  check_same_dtype(op, "weight", weight, "input", input);
+  check_same_device(op, "weight", weight, "input", input);
+  check_min_dim(op, "input", input, 1, "[*, in_features]");
+  check_dim(op, "weight", weight, 2, "[out_features, in_features]");
+  check_size(op, "input", input, input.dim() - 1, weight.size(1),
+             "in_features = weight.shape[1]");
+  if (bias.has_value()) {
+    check_same_dtype(op, "bias", *bias, "input", input);
+    check_same_device(op, "bias", *bias, "input", input);
+    check_dim(op, "bias", *bias, 1, "[out_features]");
+    check_size(op, "bias", *bias, 0, weight.size(0), "out_features = weight.shape[0]");
+  }
+}
+
+void check_linear_dgrad_args(const at::Tensor& grad_output, const at::Tensor& weight) {
+  const char* op = "linear_dgrad";
+  check_float_dtype(op, "grad_output", grad_output);
+  check_same_dtype(op, "weight", weight, "grad_output", grad_output);
+  check_same_device(op, "weight", weight, "grad_output", grad_output);
+  check_min_dim(op, "grad_output", grad_output, 1, "[*, out_features]");
+  check_dim(op, "weight", weight, 2, "[out_features, in_features]");
+  check_size(op, "grad_output", grad_output, grad_output.dim() - 1, weight.size(0),
+             "out_features = weight.shape[0]");
+}
+
+static void check_wgrad_pair(const char* op, const at::Tensor& grad_output,
+                             const at::Tensor& input) {
+  check_float_dtype(op, "grad_output", grad_output);
+  check_same_dtype(op, "input", input, "grad_output", grad_output);
+  check_same_device(op, "input", input, "grad_output", grad_output);
+  check_min_dim(op, "grad_output", grad_output, 1, "[*, out_features]");
+  check_min_dim(op, "input", input, 1, "[*, in_features]");
+  TORCH_CHECK_VALUE(grad_output.sizes().slice(0, grad_output.dim() - 1) ==
+                        input.sizes().slice(0, input.dim() - 1),
+                    "cutlass_nn.", op,
+                    ": arguments 'grad_output' [*, out_features] and 'input' [*, in_features] "
+                    "must have the same leading (batch) dimensions, got ",
+                    shape_string(grad_output.sizes()), " and ", shape_string(input.sizes()));
+}
+
+void check_linear_wgrad_args(const at::Tensor& grad_output, const at::Tensor& input) {
+  check_wgrad_pair("linear_wgrad", grad_output, input);
+}
+
+void check_linear_wgrad_accumulate_args(const at::Tensor& grad_weight,
+                                        const at::Tensor& grad_output, const at::Tensor& input) {
+  const char* op = "linear_wgrad_accumulate_";
+  check_wgrad_pair(op, grad_output, input);
+  check_same_device(op, "grad_weight", grad_weight, "grad_output", grad_output);
+  TORCH_CHECK(
+      grad_weight.scalar_type() == grad_output.scalar_type() ||
+          grad_weight.scalar_type() == c10::kFloat,
+      "cutlass_nn.", op, ": argument 'grad_weight' must have dtype ",
+      dtype_name(grad_output.scalar_type()), " (the dtype of 'grad_output') or float32, got ",
+      dtype_name(grad_weight.scalar_type()));
+  check_dim(op, "grad_weight", grad_weight, 2, "[out_features, in_features]");
+  check_size(op, "grad_weight", grad_weight, 0, grad_output.size(-1),
+             "out_features = grad_output.shape[-1]");
+  check_size(op, "grad_weight", grad_weight, 1, input.size(-1), "in_features = input.shape[-1]");
+}
+
+void check_bias_grad_args(const at::Tensor& grad_output) {
+  const char* op = "bias_grad";
+  check_float_dtype(op, "grad_output", grad_output);
+  check_min_dim(op, "grad_output", grad_output, 1, "[*, out_features]");
+}
+
+void check_mm_args(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  check_float_dtype(op, "a", a);
+  check_same_dtype(op, "b", b, "a", a);
+  check_same_device(op, "b", b, "a", a);
+  check_dim(op, "a", a, 2, "[n, m]");
+  check_dim(op, "b", b, 2, "[m, p]");
+  check_size(op, "b", b, 0, a.size(1), "m = a.shape[1]");
+}
+
+void check_mm_out_arg(const at::Tensor& a, const at::Tensor& out) {
+  const char* op = "mm.out";
+  check_same_dtype(op, "out", out, "a", a);
+  check_same_device(op, "out", out, "a", a);
+}
+
+void check_add2_args(const at::Tensor& a, const at::Tensor& b) {
+  const char* op = "add2";
+  check_float_dtype(op, "a", a);
+  check_same_dtype(op, "b", b, "a", a);
+  check_same_device(op, "b", b, "a", a);
+  check_same_shape(op, "b", b, "a", a);
+}
+
+}  // namespace cutlass_nn

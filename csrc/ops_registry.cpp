@@ -1,0 +1,67 @@
+// The one place where every cutlass_nn operator schema is declared.
+//
+// Backends register implementations beside their kernels: csrc/cpu/ops_cpu.cpp (CPU, always
+// built) and csrc/cuda/ops_cuda.cu (CUDA, built when the CUDA flavor is compiled). Fake (meta)
+// implementations and autograd formulas are registered from Python in cutlass_nn/ops.py.
+#include <Python.h>
+#include <torch/library.h>
+
+#include <string>
+
+#ifndef CUTLASS_NN_FLAVOR
+#define CUTLASS_NN_FLAVOR "cpu"
+#endif
+#ifndef CUTLASS_NN_CUDA_ARCHS
+#define CUTLASS_NN_CUDA_ARCHS ""
+#endif
+#ifndef CUTLASS_NN_CUTLASS_VERSION
+#define CUTLASS_NN_CUTLASS_VERSION ""
+#endif
+#ifndef CUTLASS_NN_TORCH_VERSION
+#define CUTLASS_NN_TORCH_VERSION ""
+#endif
+
+extern "C" {
+// Importing cutlass_nn._C from Python only needs to load this shared library: loading it runs
+// the static TORCH_LIBRARY registrations below. The module itself is empty, and built against
+// Python's limited API so one binary serves every CPython >= 3.9.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+namespace cutlass_nn {
+
+// What this binary was built with, as "key=value" lines (read by `python -m cutlass_nn.info`).
+static std::string build_info() {
+  return std::string("flavor=") + CUTLASS_NN_FLAVOR + "\ncuda_archs=" + CUTLASS_NN_CUDA_ARCHS +
+         "\ncutlass_version=" + CUTLASS_NN_CUTLASS_VERSION +
+         "\ntorch_version=" + CUTLASS_NN_TORCH_VERSION + "\n";
+}
+
+TORCH_LIBRARY(cutlass_nn, m) {
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+
+  // y = input @ weight.T + bias; input [*, in], weight [out, in], bias [out] -> y [*, out]
+  m.def("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", tags);
+  // grad_input = grad_output @ weight; [*, out] x [out, in] -> [*, in]
+  m.def("linear_dgrad(Tensor grad_output, Tensor weight) -> Tensor", tags);
+  // grad_weight = grad_output^T @ input over all leading dims; -> [out, in]
+  m.def("linear_wgrad(Tensor grad_output, Tensor input) -> Tensor", tags);
+  // grad_weight += grad_output^T @ input, in place (grad_weight may be float32 for 16-bit inputs)
+  m.def(
+      "linear_wgrad_accumulate_(Tensor(a!) grad_weight, Tensor grad_output, Tensor input) -> ()",
+      tags);
+  // grad_bias = grad_output summed over all leading dims; [*, out] -> [out]
+  m.def("bias_grad(Tensor grad_output) -> Tensor", tags);
+  // torch.mm equivalents
+  m.def("mm(Tensor a, Tensor b) -> Tensor", tags);
+  m.def("mm.out(Tensor a, Tensor b, *, Tensor(a!) out) -> Tensor(a!)", tags);
+  // elementwise a + b for same-shape tensors
+  m.def("add2(Tensor a, Tensor b) -> Tensor", tags);
+
+  m.def("build_info() -> str", &build_info);
+}
+
+}  // namespace cutlass_nn

@@ -1,0 +1,52 @@
+// Argument validation shared by every backend of the cutlass_nn operators.
+//
+// Every check names the operator and the argument and says what was expected and what was
+// given, so that a user who passes a bad tensor learns which call and which argument to fix.
+// All checks run before any output is allocated or any argument is written.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+namespace cutlass_nn {
+
+// "[2, 3, 4]"
+std::string shape_string(c10::IntArrayRef sizes);
+
+// "float32", "bfloat16", ... (the torch.<name> spelling users know)
+std::string dtype_name(c10::ScalarType dtype);
+
+// Fails unless `t` has one of the floating dtypes cutlass_nn computes in
+// (float16, bfloat16, float32, float64).
+void check_float_dtype(const char* op, const char* arg, const at::Tensor& t);
+
+// Fails unless `t` has exactly `dim` dimensions (`what` describes the expected layout,
+// e.g. "[out_features, in_features]").
+void check_dim(const char* op, const char* arg, const at::Tensor& t, int64_t dim,
+               const char* what);
+
+// Fails unless `t` has at least `dim` dimensions.
+void check_min_dim(const char* op, const char* arg, const at::Tensor& t, int64_t dim,
+                   const char* what);
+
+// Fails unless `t` has the dtype of `ref` (named `ref_arg`).
+void check_same_dtype(const char* op, const char* arg, const at::Tensor& t,
+                      const char* ref_arg, const at::Tensor& ref);
+
+// Fails unless `t` is on the device of `ref` (named `ref_arg`).
+void check_same_device(const char* op, const char* arg, const at::Tensor& t,
+                       const char* ref_arg, const at::Tensor& ref);
+
+// Fails unless t.size(dim) == expected; `what` explains where `expected` comes from.
+void check_size(const char* op, const char* arg, const at::Tensor& t, int64_t dim,
+                int64_t expected, const char* what);
+
+// Fails unless `t` has exactly the shape of `ref`.
+void check_same_shape(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
+                      const at::Tensor& ref);
+
+}  // namespace cutlass_nn

@@ -1,0 +1,32 @@
+"""cutlass_nn: drop-in PyTorch layers whose forward and backward run on CUTLASS kernels.
+
+Public API:
+
+* :class:`CutlassLinear` -- drop-in for ``nn.Linear``; :class:`Add2` -- ``a + b`` as a module.
+* :func:`convert` -- swap the ``nn.Linear`` layers of a model for ``CutlassLinear``.
+* :func:`mm` -- drop-in for ``torch.mm`` (``out=`` included).
+* :mod:`cutlass_nn.functional` -- ``linear``, ``mm``, ``add2``.
+* :mod:`cutlass_nn.ops` -- the raw operators (also reachable as ``torch.ops.cutlass_nn.*``).
+"""
+
+from cutlass_nn._version import __version__
+from cutlass_nn import ops  # loads the extension and registers fake / autograd implementations
+from cutlass_nn import functional
+from cutlass_nn.functional import add2, linear, mm
+from cutlass_nn.modules import Add2, CutlassLinear
+from cutlass_nn.convert import convert
+from cutlass_nn._extension import build_info, has_cuda_kernels
+
+__all__ = [
+    "__version__",
+    "Add2",
+    "CutlassLinear",
+    "add2",
+    "build_info",
+    "convert",
+    "functional",
+    "has_cuda_kernels",
+    "linear",
+    "mm",
+    "ops",
+]
