@@ -138,7 +138,8 @@ def make_extension():
         ("Py_LIMITED_API", "0x03090000"),
         ("CUTLASS_NN_TORCH_VERSION", f'"{torch.__version__}"'),
     ]
-    cxx_flags = ["-O3", "-std=c++17"]
+    # torch >= 2.14 headers need C++20; the torch-free CUDA kernels stay C++17 for nvcc.
+    cxx_flags = ["-O3", "-std=c++20"]
     if not with_cuda:
         defines.append(("CUTLASS_NN_FLAVOR", '"cpu"'))
         return cpp_extension.CppExtension(
@@ -150,7 +151,8 @@ def make_extension():
         )
 
     include_dirs, cutlass_version = find_cutlass()
-    cuda_sources = relative(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
+    cuda_sources = relative(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cpp")))
+    cuda_sources += relative(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
     cuda_sources += relative(glob.glob(os.path.join(ROOT, "csrc", "kernels", "*.cu")))
     cuda_sources += relative(glob.glob(os.path.join(ROOT, "csrc", "kernels", "generated", "*.cu")))
     defines += [

@@ -8,6 +8,10 @@
 
 #include <string>
 
+#ifdef CUTLASS_NN_WITH_CUDA
+#include "cuda/gemm_binding.h"
+#endif
+
 #ifndef CUTLASS_NN_FLAVOR
 #define CUTLASS_NN_FLAVOR "cpu"
 #endif
@@ -40,6 +44,25 @@ static std::string build_info() {
          "\ntorch_version=" + CUTLASS_NN_TORCH_VERSION + "\n";
 }
 
+// Test / debugging hooks of the CUDA flavor (no-ops in the CPU flavor): force the CUTLASS 2.x
+// (SM80) kernels on Hopper, and name the GEMM kernel the last call on this thread ran.
+static bool set_force_sm80(bool enable) {
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::set_force_sm80(enable);
+#else
+  (void)enable;
+  return false;
+#endif
+}
+
+static std::string last_kernel_name() {
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::last_kernel_name();
+#else
+  return "";
+#endif
+}
+
 TORCH_LIBRARY(cutlass_nn, m) {
   const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
 
@@ -62,6 +85,8 @@ TORCH_LIBRARY(cutlass_nn, m) {
   m.def("add2(Tensor a, Tensor b) -> Tensor", tags);
 
   m.def("build_info() -> str", &build_info);
+  m.def("_set_force_sm80(bool enable) -> bool", &set_force_sm80);
+  m.def("_last_kernel_name() -> str", &last_kernel_name);
 }
 
 }  // namespace cutlass_nn

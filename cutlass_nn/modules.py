@@ -49,8 +49,20 @@ class CutlassLinear(nn.Linear):
         layer.weight = linear.weight
         layer.register_parameter("bias", linear.bias)
         layer.train(linear.training)
-        for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks"):
+        # Each hook dict comes with its flag dicts (with_kwargs / always_call) and, for backward
+        # hooks, the full-vs-legacy flag: without them a with_kwargs hook is called with the
+        # wrong signature and full backward hooks are silently never called.
+        for hooks in (
+            "_forward_hooks",
+            "_forward_hooks_with_kwargs",
+            "_forward_hooks_always_called",
+            "_forward_pre_hooks",
+            "_forward_pre_hooks_with_kwargs",
+            "_backward_hooks",
+            "_backward_pre_hooks",
+        ):
             getattr(layer, hooks).update(getattr(linear, hooks))
+        layer._is_full_backward_hook = linear._is_full_backward_hook
         return layer
 
 

@@ -14,6 +14,9 @@ double backward works too:
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 from torch import Tensor
 
@@ -197,6 +200,15 @@ def _mm_fake(a, b):
     return a.new_empty(_fake_mm_shape("mm", a, b))
 
 
+@torch.library.register_fake("cutlass_nn::mm.out")
+def _mm_out_fake(a, b, *, out):
+    shape = _fake_mm_shape("mm.out", a, b)
+    _fake_common("mm.out", "a", a, {"out": out})
+    if tuple(out.shape) != tuple(shape):
+        out.resize_(shape)  # like at::native::resize_output in the CPU / CUDA kernels
+    return out
+
+
 @torch.library.register_fake("cutlass_nn::add2")
 def _add2_fake(a, b):
     _fake_common("add2", "a", a, {"b": b})
@@ -287,3 +299,27 @@ torch.library.register_autograd(
 )
 torch.library.register_autograd("cutlass_nn::mm", _mm_backward, setup_context=_save_both)
 torch.library.register_autograd("cutlass_nn::add2", _add2_backward, setup_context=_add2_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel-selection hooks of the CUDA flavor (used by the GPU tests and benchmarks)
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def force_sm80_kernels(enable: bool = True) -> Iterator[None]:
+    """Within the block, GEMMs use the CUTLASS 2.x (SM80) kernels even on Hopper GPUs.
+
+    Process-wide (not per thread); a no-op in the CPU flavor. Not for use inside a
+    ``torch.compile``-d function.
+    """
+    previous = _ops._set_force_sm80(enable)
+    try:
+        yield
+    finally:
+        _ops._set_force_sm80(previous)
+
+
+def last_kernel_name() -> str:
+    """Name of the GEMM kernel that the last cutlass_nn GEMM on this thread ran ("" if none)."""
+    return _ops._last_kernel_name()

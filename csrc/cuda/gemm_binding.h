@@ -1,0 +1,36 @@
+// Tensor-level front of the GEMM kernels: turns torch tensors into a kernels::GemmParams, picks
+// the device / stream / workspace, and reports failures with the operator's name and the
+// problem shape. Used by every GEMM-based operator in ops_cuda.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace cutlass_nn {
+namespace cuda {
+
+// D = A @ B (+ bias broadcast over rows) (+ beta * D when accumulate).
+//
+// a: [m, k], b: [k, n], any strides (a transposed view is read in place; other strides are
+// copied to a contiguous buffer that lives until the kernel has been enqueued).
+// d: [m, n], written; must have unit stride in dim 1 and stride(0) >= n (row-major).
+// bias: optional [n], added to every row. accumulate: D += A @ B instead of D = A @ B.
+// `op` names the calling operator in error messages.
+void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d,
+          const std::optional<at::Tensor>& bias, bool accumulate);
+
+// A row-major buffer [m, n] of `a`'s dtype (or `dtype`) on `a`'s device, for gemm() outputs.
+at::Tensor empty_row_major(const at::Tensor& like, int64_t m, int64_t n);
+
+// True when `t` can be gemm()'s `d` directly (2-D, unit column stride, rows far enough apart).
+bool is_row_major_output(const at::Tensor& t);
+
+// Force the CUTLASS 2.x (SM80) kernels even on Hopper; returns the previous setting.
+bool set_force_sm80(bool enable);
+
+// Name of the kernel the last gemm() on this thread ran ("" if none): for tests of dispatch.
+const char* last_kernel_name();
+
+}  // namespace cuda
+}  // namespace cutlass_nn

@@ -1,0 +1,161 @@
+// CUDA implementations of the cutlass_nn operators.
+//
+// Each one validates with the shared checks (the same messages as the CPU backend), shapes the
+// problem as GEMMs in nn.Linear's natural layouts -- forward y = x W^T reads W as a column-major
+// [K, N] operand, dgrad dX = dY W reads both row-major, wgrad dW = dY^T X reads dY as a
+// column-major [N, M] operand -- so no transposed copies are made, and launches on the current
+// stream of the inputs' device (see gemm_binding.cpp).
+#include <ATen/ATen.h>
+#include <ATen/native/Resize.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "../op_checks.h"
+#include "../validation.h"
+#include "device_info.h"
+#include "elementwise.h"
+#include "gemm_binding.h"
+
+namespace cutlass_nn {
+namespace cuda {
+namespace {
+
+at::Tensor flatten_leading(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+
+std::vector<int64_t> with_last_dim(const at::Tensor& t, int64_t last) {
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  sizes.back() = last;
+  return sizes;
+}
+
+kernels::DType elementwise_dtype(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kHalf: return kernels::DType::kFloat16;
+    case c10::kBFloat16: return kernels::DType::kBFloat16;
+    case c10::kFloat: return kernels::DType::kFloat32;
+    default: return kernels::DType::kFloat64;  // the checks admit only the four float dtypes
+  }
+}
+
+void check_launch(const char* op, cudaError_t err, const at::Tensor& t) {
+  TORCH_CHECK(err == cudaSuccess, "cutlass_nn.", op, ": kernel launch failed on ", t.device(),
+              " for shape ", shape_string(t.sizes()), ": ", cudaGetErrorString(err));
+}
+
+at::Tensor linear_cuda(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias) {
+  check_linear_args(input, weight, bias);
+  const at::Tensor x = flatten_leading(input);
+  at::Tensor y = empty_row_major(input, x.size(0), weight.size(0));
+  gemm("linear", x, weight.t(), y, bias, /*accumulate=*/false);
+  return y.view(with_last_dim(input, weight.size(0)));
+}
+
+at::Tensor linear_dgrad_cuda(const at::Tensor& grad_output, const at::Tensor& weight) {
+  check_linear_dgrad_args(grad_output, weight);
+  const at::Tensor dy = flatten_leading(grad_output);
+  at::Tensor dx = empty_row_major(grad_output, dy.size(0), weight.size(1));
+  gemm("linear_dgrad", dy, weight, dx, std::nullopt, /*accumulate=*/false);
+  return dx.view(with_last_dim(grad_output, weight.size(1)));
+}
+
+at::Tensor linear_wgrad_cuda(const at::Tensor& grad_output, const at::Tensor& input) {
+  check_linear_wgrad_args(grad_output, input);
+  const at::Tensor dy = flatten_leading(grad_output);
+  const at::Tensor x = flatten_leading(input);
+  at::Tensor dw = empty_row_major(grad_output, dy.size(1), x.size(1));
+  gemm("linear_wgrad", dy.t(), x, dw, std::nullopt, /*accumulate=*/false);
+  return dw;
+}
+
+void linear_wgrad_accumulate_cuda(const at::Tensor& grad_weight, const at::Tensor& grad_output,
+                                  const at::Tensor& input) {
+  check_linear_wgrad_accumulate_args(grad_weight, grad_output, input);
+  const at::Tensor dy = flatten_leading(grad_output);
+  const at::Tensor x = flatten_leading(input);
+  const bool overlaps = grad_weight.is_alias_of(grad_output) || grad_weight.is_alias_of(input);
+  if (is_row_major_output(grad_weight) && !overlaps) {
+    // beta = 1 with C == D: the kernel adds its fp32 accumulators to the existing gradient.
+    gemm("linear_wgrad_accumulate_", dy.t(), x, grad_weight, std::nullopt, /*accumulate=*/true);
+  } else {
+    at::Tensor partial = at::empty(grad_weight.sizes(), grad_weight.options());
+    gemm("linear_wgrad_accumulate_", dy.t(), x, partial, std::nullopt, /*accumulate=*/false);
+    const_cast<at::Tensor&>(grad_weight).add_(partial);
+  }
+}
+
+at::Tensor bias_grad_cuda(const at::Tensor& grad_output) {
+  check_bias_grad_args(grad_output);
+  c10::cuda::CUDAGuard guard(grad_output.device());
+  at::Tensor dy = flatten_leading(grad_output);
+  if (!is_row_major_output(dy)) dy = dy.contiguous();
+  const int64_t rows = dy.size(0), cols = dy.size(1);
+  at::Tensor out = at::empty({cols}, grad_output.options());
+  const kernels::DType dtype = elementwise_dtype(dy.scalar_type());
+  const int64_t ld = rows > 1 ? dy.stride(0) : cols;
+  check_launch("bias_grad",
+               kernels::launch_column_sum(
+                   dtype, dy.data_ptr(), rows, cols, ld, dtype, out.data_ptr(),
+                   device_info(dy.get_device()).multiprocessors,
+                   c10::cuda::getCurrentCUDAStream(dy.get_device()).stream()),
+               grad_output);
+  return out;
+}
+
+at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
+  check_mm_args("mm", a, b);
+  at::Tensor out = empty_row_major(a, a.size(0), b.size(1));
+  gemm("mm", a, b, out, std::nullopt, /*accumulate=*/false);
+  return out;
+}
+
+at::Tensor& mm_out_cuda(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  check_mm_args("mm.out", a, b);
+  check_mm_out_arg(a, out);
+  const bool right_shape = out.dim() == 2 && out.size(0) == a.size(0) && out.size(1) == b.size(1);
+  const bool overlaps = out.is_alias_of(a) || out.is_alias_of(b);
+  if (right_shape && is_row_major_output(out) && !overlaps) {
+    gemm("mm.out", a, b, out, std::nullopt, /*accumulate=*/false);
+    return out;
+  }
+  // Like torch.mm(out=): compute, then resize `out` (warning if it had elements) and copy back,
+  // which also serves non-contiguous and aliasing `out` tensors.
+  at::Tensor result = mm_cuda(a, b);
+  at::native::resize_output(out, result.sizes());
+  out.copy_(result);
+  return out;
+}
+
+at::Tensor add2_cuda(const at::Tensor& a, const at::Tensor& b) {
+  check_add2_args(a, b);
+  c10::cuda::CUDAGuard guard(a.device());
+  // The kernel reads flat contiguous buffers; `ac` / `bc` hold copies of strided inputs until the
+  // launch is enqueued.
+  const at::Tensor ac = a.contiguous();
+  const at::Tensor bc = b.contiguous();
+  at::Tensor out = at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
+  check_launch("add2",
+               kernels::launch_add2(elementwise_dtype(a.scalar_type()), ac.data_ptr(),
+                                    bc.data_ptr(), out.data_ptr(), a.numel(),
+                                    device_info(a.get_device()).multiprocessors,
+                                    c10::cuda::getCurrentCUDAStream(a.get_device()).stream()),
+               a);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
+  m.impl("linear", &linear_cuda);
+  m.impl("linear_dgrad", &linear_dgrad_cuda);
+  m.impl("linear_wgrad", &linear_wgrad_cuda);
+  m.impl("linear_wgrad_accumulate_", &linear_wgrad_accumulate_cuda);
+  m.impl("bias_grad", &bias_grad_cuda);
+  m.impl("mm", &mm_cuda);
+  m.impl("mm.out", &mm_out_cuda);
+  m.impl("add2", &add2_cuda);
+}
+
+}  // namespace cuda
+}  // namespace cutlass_nn
