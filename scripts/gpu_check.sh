@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# GPU check of cutlass_nn on a fresh GPU machine with no network:
+#   1. installs the CUTLASS headers from a carried wheel (.whl/nvidia_cutlass-4.2.0.0-*.whl),
+#   2. builds the CUDA flavor in place with MAX_JOBS parallel jobs (timed),
+#   3. builds and runs the torch-free kernel self-tests (csrc/kernels/tests),
+#   4. runs the whole pytest suite (GPU tests included) with a JUnit report,
+#   5. writes a summary (device, torch/CUDA versions, date, command, pass/fail counts, build time)
+#      with scripts/gpu_summary.py to $OUT/gpu_check_summary.md (and prints it).
+# Usage: OUT=/some/dir bash scripts/gpu_check.sh [extra pytest args]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_check_out}
+mkdir -p "$OUT"
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export MAX_JOBS=${MAX_JOBS:-16}
+export PYTHONUNBUFFERED=1
+
+if ! python3 -c "import cutlass_library" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/cutlass_site .whl/nvidia_cutlass-*.whl || exit 1
+  export PYTHONPATH=/tmp/cutlass_site${PYTHONPATH:+:$PYTHONPATH}
+fi
+CUTLASS_INC=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))")
+
+start=$(date +%s)
+python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1
+build_rc=$?
+build_s=$(( $(date +%s) - start ))
+echo "build: rc=$build_rc in ${build_s}s (MAX_JOBS=$MAX_JOBS)"
+grep -E "cutlass_nn build:" "$OUT/build.log"
+if [ $build_rc -ne 0 ]; then
+  grep -E "error|Error" "$OUT/build.log" | head -40
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+selftest_log="$OUT/selftests.log"
+: > "$selftest_log"
+if [ -d csrc/kernels/tests ]; then
+  for src in csrc/kernels/tests/*_selftest.cu; do
+    name=$(basename "$src" .cu)
+    deps="csrc/kernels/elementwise.cu"
+    case "$name" in
+      gemm_*) deps="csrc/kernels/gemm_dispatch.cu csrc/kernels/generated/*.cu" ;;
+    esac
+    nvcc -std=c++17 -O3 -DNDEBUG -DCUTLASS_NN_HAS_SM90 --expt-relaxed-constexpr \
+      -gencode=arch=compute_90a,code=sm_90a -Icsrc/kernels \
+      -I"$CUTLASS_INC/include" -I"$CUTLASS_INC/tools/util/include" \
+      $deps "$src" -o "/tmp/$name" >> "$selftest_log" 2>&1 &
+  done
+  wait
+  for src in csrc/kernels/tests/*_selftest.cu; do
+    name=$(basename "$src" .cu)
+    if [ -x "/tmp/$name" ]; then
+      echo "== $name" >> "$selftest_log"
+      timeout 300 "/tmp/$name" >> "$selftest_log" 2>&1
+      echo "$name: rc=$? $(grep -E '^[0-9]+ passed, [0-9]+ failed' "$selftest_log" | tail -1)"
+    else
+      echo "$name: did not compile (see selftests.log)"
+    fi
+  done
+fi
+
+python3 -m cutlass_nn.info | tee "$OUT/info.txt"
+python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/pytest.xml" tests "$@" 2>&1 \
+  | tee "$OUT/pytest.log" | tail -40
+python3 scripts/gpu_summary.py --junit "$OUT/pytest.xml" --build-seconds "$build_s" \
+  --build-rc "$build_rc" --selftests "$selftest_log" --command "bash scripts/gpu_check.sh $*" \
+  > "$OUT/gpu_check_summary.md"
+cat "$OUT/gpu_check_summary.md"
