@@ -36,9 +36,24 @@ def _require_backend(op: str, t: Tensor) -> None:
         )
 
 
+def _autocast(device_type: str, *tensors: Tensor | None) -> tuple[Tensor | None, ...]:
+    """Under ``torch.autocast`` cast floating inputs (not float64) to the autocast dtype, the
+    policy ``nn.Linear`` / ``torch.mm`` follow; the casts are differentiable, so gradients
+    reach float32 parameters in float32."""
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(
+        t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+        for t in tensors
+    )
+
+
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``input @ weight.T + bias`` on cutlass_nn kernels; input [*, in], weight [out, in]."""
+    """``input @ weight.T + bias`` on cutlass_nn kernels; input [*, in], weight [out, in].
+    Follows ``torch.autocast`` like ``nn.Linear``."""
     _require_backend("linear", input)
+    input, weight, bias = _autocast(input.device.type, input, weight, bias)
     return _ops.linear.default(input, weight, bias)
 
 
@@ -68,8 +83,9 @@ def bias_grad(grad_output: Tensor) -> Tensor:
 
 
 def mm(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b`` for 2-D tensors, like ``torch.mm``."""
+    """``a @ b`` for 2-D tensors, like ``torch.mm`` (autocast included)."""
     _require_backend("mm", a)
+    a, b = _autocast(a.device.type, a, b)
     return _ops.mm.default(a, b)
 
 
@@ -233,11 +249,15 @@ def _linear_setup(ctx, inputs, output):
 
 def _linear_backward(ctx, grad):
     input, weight = ctx.saved_tensors
-    need_input, need_weight, need_bias = ctx.needs_input_grad
+    # needs_input_grad has 2 entries, not 3, when the op was called without a bias (the
+    # dispatcher drops a trailing defaulted None), and the backward must return that many
+    needs = ctx.needs_input_grad
+    need_input, need_weight = needs[0], needs[1]
+    need_bias = len(needs) > 2 and needs[2]
     grad_input = _ops.linear_dgrad.default(grad, weight) if need_input else None
     grad_weight = _ops.linear_wgrad.default(grad, input) if need_weight else None
     grad_bias = _ops.bias_grad.default(grad) if ctx.has_bias and need_bias else None
-    return grad_input, grad_weight, grad_bias
+    return (grad_input, grad_weight, grad_bias)[: len(needs)]
 
 
 def _save_both(ctx, inputs, output):

@@ -31,16 +31,21 @@ Outputs (rank 0 only) go to ``--out`` (default ``training_examples/out``):
 ``curves_<impl>.png`` (loss / accuracy per epoch; ``curves_compare.png`` with
 ``--compare``). The last line of a run has the stable form::
 
-    final: impl=torch device=cpu world_size=1 epochs=30 loss=0.0123 test_acc=0.9722 ...
+    final: impl=torch device=cpu world_size=1 epochs=30 loss=0.000866 test_acc=0.9722 ...
+
+``samples_per_s`` is steady-state training throughput (epoch 1, which holds
+warm-up and torch.compile compilation, is excluded when epochs > 1);
+``wall_s`` is the wall time of the run (model build, training, evaluation);
+``peak_mem_mb`` is torch.cuda.max_memory_allocated on CUDA, else the process'
+peak RSS (ru_maxrss). The default CPU run takes ~4 s in total on 2 cores and
+reaches ~97% test accuracy.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import inspect
-import math
 import os
 import resource
 import sys
