@@ -80,7 +80,9 @@ TORCH_LIBRARY(cutlass_nn, m) {
   m.def("bias_grad(Tensor grad_output) -> Tensor", tags);
   // torch.mm equivalents
   m.def("mm(Tensor a, Tensor b) -> Tensor", tags);
-  m.def("mm.out(Tensor a, Tensor b, *, Tensor(a!) out) -> Tensor(a!)", tags);
+  // mm.out returns nothing: AOTAutograd cannot functionalize a custom op whose output aliases an
+  // input; the Python wrapper (cutlass_nn.mm(..., out=)) returns `out` itself.
+  m.def("mm.out(Tensor a, Tensor b, *, Tensor(a!) out) -> ()", tags);
   // elementwise a + b for same-shape tensors
   m.def("add2(Tensor a, Tensor b) -> Tensor", tags);
 

@@ -15,6 +15,7 @@ double backward works too:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Iterator
 
 import torch
@@ -90,9 +91,22 @@ def mm(a: Tensor, b: Tensor) -> Tensor:
 
 
 def mm_out(a: Tensor, b: Tensor, out: Tensor) -> Tensor:
-    """``torch.mm(a, b, out=out)`` semantics: ``out`` is resized if needed and returned."""
+    """``torch.mm(a, b, out=out)`` semantics: ``out`` is resized if needed (with torch's
+    warning when it had elements) and returned."""
     _require_backend("mm.out", a)
-    return _ops.mm.out(a, b, out=out)
+    old_shape = tuple(out.shape)
+    had_elements = out.numel() > 0
+    _ops.mm.out(a, b, out=out)
+    if had_elements and tuple(out.shape) != old_shape:
+        warnings.warn(
+            f"cutlass_nn.mm: an output with one or more elements was resized since it had shape "
+            f"{list(old_shape)}, which does not match the required output shape "
+            f"{list(out.shape)}. As with torch.mm, reuse an out tensor by resizing it to zero "
+            "elements first (t.resize_(0)).",
+            UserWarning,
+            stacklevel=3,
+        )
+    return out
 
 
 def add2(a: Tensor, b: Tensor) -> Tensor:
@@ -111,17 +125,22 @@ def _check(cond, op: str, msg: str) -> None:
     torch._check(cond, lambda: f"cutlass_nn.{op}: {msg}")
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    # "float32", not "torch.float32": the spelling of the C++ checks (csrc/validation.cpp)
+    return str(dtype).removeprefix("torch.")
+
+
 def _fake_common(op: str, ref_name: str, ref: Tensor, others: dict[str, Tensor]) -> None:
     torch._check(
         ref.dtype in _FLOAT_DTYPES,
         lambda: f"cutlass_nn.{op}: argument '{ref_name}' must have a floating dtype "
-        f"(float16, bfloat16, float32 or float64), got {ref.dtype}",
+        f"(float16, bfloat16, float32 or float64), got {_dtype_name(ref.dtype)}",
     )
     for name, t in others.items():
         torch._check(
             t.dtype == ref.dtype,
-            lambda: f"cutlass_nn.{op}: argument '{name}' must have dtype {ref.dtype} "
-            f"(the dtype of '{ref_name}'), got {t.dtype}",
+            lambda: f"cutlass_nn.{op}: argument '{name}' must have dtype "
+            f"{_dtype_name(ref.dtype)} (the dtype of '{ref_name}'), got {_dtype_name(t.dtype)}",
         )
         _check(
             t.device == ref.device,
@@ -183,6 +202,19 @@ def _linear_wgrad_fake(grad_output, input):
 @torch.library.register_fake("cutlass_nn::linear_wgrad_accumulate_")
 def _linear_wgrad_accumulate_fake(grad_weight, grad_output, input):
     shape = _fake_wgrad_shape("linear_wgrad_accumulate_", grad_output, input)
+    # the grad_weight checks of csrc/op_checks.cpp (device, then dtype: its own or float32)
+    _check(
+        grad_weight.device == grad_output.device,
+        "linear_wgrad_accumulate_",
+        f"argument 'grad_weight' must be on device {grad_output.device} (the device of "
+        f"'grad_output'), got {grad_weight.device}",
+    )
+    _check(
+        grad_weight.dtype in (grad_output.dtype, torch.float32),
+        "linear_wgrad_accumulate_",
+        f"argument 'grad_weight' must have dtype {_dtype_name(grad_output.dtype)} (the dtype of "
+        f"'grad_output') or float32, got {_dtype_name(grad_weight.dtype)}",
+    )
     _check(
         tuple(grad_weight.shape) == tuple(shape),
         "linear_wgrad_accumulate_",
@@ -221,8 +253,8 @@ def _mm_out_fake(a, b, *, out):
     shape = _fake_mm_shape("mm.out", a, b)
     _fake_common("mm.out", "a", a, {"out": out})
     if tuple(out.shape) != tuple(shape):
-        out.resize_(shape)  # like at::native::resize_output in the CPU / CUDA kernels
-    return out
+        out.resize_(shape)  # like the CPU / CUDA kernels
+    return None
 
 
 @torch.library.register_fake("cutlass_nn::add2")

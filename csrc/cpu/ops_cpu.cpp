@@ -3,7 +3,6 @@
 // They are the reference and the fallback, not the speed path: each one validates with the
 // shared checks (so errors match the CUDA backend) and then calls ATen's own CPU routines.
 #include <ATen/ATen.h>
-#include <ATen/native/Resize.h>
 #include <torch/library.h>
 
 #include "../op_checks.h"
@@ -11,8 +10,14 @@
 namespace cutlass_nn {
 namespace {
 
-// [*, features] -> [prod(*), features]; a view where possible.
-at::Tensor flatten_leading(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+// [*, features] -> [prod(*), features]; a view where possible. The row count is spelled out
+// (not -1) so that a zero-size feature dimension still flattens.
+at::Tensor flatten_leading(const at::Tensor& t) {
+  const int64_t features = t.size(-1);
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
+  return t.reshape({rows, features});
+}
 
 // [*, in] leading shape with a new last dimension.
 std::vector<int64_t> with_last_dim(const at::Tensor& t, int64_t last) {
@@ -61,15 +66,15 @@ at::Tensor mm_cpu(const at::Tensor& a, const at::Tensor& b) {
   return at::mm(a, b);
 }
 
-at::Tensor& mm_out_cpu(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+void mm_out_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
   check_mm_args("mm.out", a, b);
   check_mm_out_arg(a, out);
   // Compute first, then resize and copy: `out` is untouched if anything above fails, `out` may
-  // alias an input, and a non-contiguous `out` receives the result by copy-back.
+  // alias an input, and a non-contiguous `out` receives the result by copy-back. (The warning
+  // torch gives when resizing a non-empty `out` is raised by the Python wrapper.)
   at::Tensor result = at::mm(a, b);
-  at::native::resize_output(out, result.sizes());
+  if (out.sizes() != result.sizes()) out.resize_(result.sizes());
   out.copy_(result);
-  return out;
 }
 
 at::Tensor add2_cpu(const at::Tensor& a, const at::Tensor& b) {

@@ -6,7 +6,6 @@
 // column-major [N, M] operand -- so no transposed copies are made, and launches on the current
 // stream of the inputs' device (see gemm_binding.cpp).
 #include <ATen/ATen.h>
-#include <ATen/native/Resize.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -21,7 +20,14 @@ namespace cutlass_nn {
 namespace cuda {
 namespace {
 
-at::Tensor flatten_leading(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+// [*, features] -> [prod(*), features]; a view where possible. The row count is spelled out
+// (not -1) so that a zero-size feature dimension still flattens.
+at::Tensor flatten_leading(const at::Tensor& t) {
+  const int64_t features = t.size(-1);
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
+  return t.reshape({rows, features});
+}
 
 std::vector<int64_t> with_last_dim(const at::Tensor& t, int64_t last) {
   std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
@@ -110,21 +116,20 @@ at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
   return out;
 }
 
-at::Tensor& mm_out_cuda(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+void mm_out_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
   check_mm_args("mm.out", a, b);
   check_mm_out_arg(a, out);
   const bool right_shape = out.dim() == 2 && out.size(0) == a.size(0) && out.size(1) == b.size(1);
   const bool overlaps = out.is_alias_of(a) || out.is_alias_of(b);
   if (right_shape && is_row_major_output(out) && !overlaps) {
     gemm("mm.out", a, b, out, std::nullopt, /*accumulate=*/false);
-    return out;
+    return;
   }
-  // Like torch.mm(out=): compute, then resize `out` (warning if it had elements) and copy back,
-  // which also serves non-contiguous and aliasing `out` tensors.
+  // Like torch.mm(out=): compute, then resize `out` and copy back, which also serves
+  // non-contiguous and aliasing `out` tensors.
   at::Tensor result = mm_cuda(a, b);
-  at::native::resize_output(out, result.sizes());
+  if (out.sizes() != result.sizes()) out.resize_(result.sizes());
   out.copy_(result);
-  return out;
 }
 
 at::Tensor add2_cuda(const at::Tensor& a, const at::Tensor& b) {

@@ -1,0 +1,67 @@
+"""`python -m cutlass_nn.info`, build_info() and the version."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import cutlass_nn
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_info_cli():
+    proc = subprocess.run(
+        [sys.executable, "-m", "cutlass_nn.info"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    info = cutlass_nn.build_info()
+    assert re.search(rf"^cutlass_nn {re.escape(cutlass_nn.__version__)}$", out, re.M), out
+    assert re.search(rf"^build flavor: {info['flavor']}$", out, re.M), out
+    assert re.search(r"^compiled GPU architectures: .+$", out, re.M), out
+    assert re.search(r"^CUTLASS version: .+$", out, re.M), out
+    assert re.search(
+        rf"^torch: {re.escape(torch.__version__)} \(extension built against "
+        rf"{re.escape(info['torch_version'])}\)$",
+        out,
+        re.M,
+    ), out
+    assert re.search(r"^torch CUDA: .+$", out, re.M), out
+    if info["flavor"] == "cpu":
+        assert "compiled GPU architectures: (none: CPU-only build)" in out
+        assert "CUTLASS version: (not used by the CPU flavor)" in out
+
+
+def test_build_info():
+    info = cutlass_nn.build_info()
+    assert set(info) >= {"flavor", "cuda_archs", "cutlass_version", "torch_version"}
+    assert info["flavor"] in ("cpu", "cuda")
+    assert cutlass_nn.has_cuda_kernels() == (info["flavor"] == "cuda")
+    if info["flavor"] == "cpu":
+        assert info["cuda_archs"] == ""
+    else:
+        assert info["cuda_archs"] and info["cutlass_version"]
+    # the extension must have been built against the running torch (same ABI)
+    assert info["torch_version"].split("+")[0] == torch.__version__.split("+")[0]
+
+
+def test_version():
+    ns: dict = {}
+    exec((REPO / "cutlass_nn" / "_version.py").read_text(), ns)
+    assert cutlass_nn.__version__ == ns["__version__"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+([.+-]?[0-9A-Za-z.]+)?", cutlass_nn.__version__)
+    try:
+        from importlib.metadata import version
+
+        assert version("cutlass_nn") == cutlass_nn.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    pyproject = (REPO / "pyproject.toml").read_text()
+    # the version is dynamic (read from cutlass_nn/_version.py by setup.py), never duplicated
+    assert re.search(r'dynamic\s*=\s*\[[^\]]*"version"', pyproject)
+    assert not re.search(r'^version\s*=', pyproject, re.M)
