@@ -57,12 +57,14 @@ void check_linear_wgrad_accumulate_args(const at::Tensor& grad_weight,
   const char* op = "linear_wgrad_accumulate_";
   check_wgrad_pair(op, grad_output, input);
   check_same_device(op, "grad_weight", grad_weight, "grad_output", grad_output);
-  TORCH_CHECK(
-      grad_weight.scalar_type() == grad_output.scalar_type() ||
-          grad_weight.scalar_type() == c10::kFloat,
-      "cutlass_nn.", op, ": argument 'grad_weight' must have dtype ",
-      dtype_name(grad_output.scalar_type()), " (the dtype of 'grad_output') or float32, got ",
-      dtype_name(grad_weight.scalar_type()));
+  const auto in_dtype = grad_output.scalar_type();
+  const bool half_inputs = in_dtype == c10::kHalf || in_dtype == c10::kBFloat16;
+  TORCH_CHECK(grad_weight.scalar_type() == in_dtype ||
+                  (half_inputs && grad_weight.scalar_type() == c10::kFloat),
+              "cutlass_nn.", op, ": argument 'grad_weight' must have dtype ",
+              dtype_name(in_dtype), " (the dtype of 'grad_output')",
+              half_inputs ? " or float32" : "", ", got ",
+              dtype_name(grad_weight.scalar_type()));
   check_dim(op, "grad_weight", grad_weight, 2, "[out_features, in_features]");
   check_size(op, "grad_weight", grad_weight, 0, grad_output.size(-1),
              "out_features = grad_output.shape[-1]");

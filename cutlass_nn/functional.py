@@ -50,7 +50,7 @@ def mm(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
             "cutlass_nn.mm: functions with out=... arguments don't support automatic "
             "differentiation, but one of the arguments requires grad"
         )
-    return ops.mm_out(a, b, out)
+    return ops._mm_out(a, b, out, stacklevel=3)  # the warning names our caller
 
 
 def add2(a: Tensor, b: Tensor) -> Tensor:

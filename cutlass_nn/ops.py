@@ -93,6 +93,12 @@ def mm(a: Tensor, b: Tensor) -> Tensor:
 def mm_out(a: Tensor, b: Tensor, out: Tensor) -> Tensor:
     """``torch.mm(a, b, out=out)`` semantics: ``out`` is resized if needed (with torch's
     warning when it had elements) and returned."""
+    return _mm_out(a, b, out, stacklevel=3)
+
+
+def _mm_out(a: Tensor, b: Tensor, out: Tensor, *, stacklevel: int) -> Tensor:
+    """``mm_out``; ``stacklevel`` (of the resize warning, counted from here) names the user's
+    frame: 3 from ``mm_out`` and from ``cutlass_nn.functional.mm``."""
     _require_backend("mm.out", a)
     old_shape = tuple(out.shape)
     had_elements = out.numel() > 0
@@ -104,7 +110,7 @@ def mm_out(a: Tensor, b: Tensor, out: Tensor) -> Tensor:
             f"{list(out.shape)}. As with torch.mm, reuse an out tensor by resizing it to zero "
             "elements first (t.resize_(0)).",
             UserWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
     return out
 
@@ -202,18 +208,20 @@ def _linear_wgrad_fake(grad_output, input):
 @torch.library.register_fake("cutlass_nn::linear_wgrad_accumulate_")
 def _linear_wgrad_accumulate_fake(grad_weight, grad_output, input):
     shape = _fake_wgrad_shape("linear_wgrad_accumulate_", grad_output, input)
-    # the grad_weight checks of csrc/op_checks.cpp (device, then dtype: its own or float32)
+    # the grad_weight checks of csrc/op_checks.cpp (device, then dtype: its own, or float32 for
+    # 16-bit inputs)
     _check(
         grad_weight.device == grad_output.device,
         "linear_wgrad_accumulate_",
         f"argument 'grad_weight' must be on device {grad_output.device} (the device of "
         f"'grad_output'), got {grad_weight.device}",
     )
+    half_inputs = grad_output.dtype in (torch.float16, torch.bfloat16)
     _check(
-        grad_weight.dtype in (grad_output.dtype, torch.float32),
+        grad_weight.dtype == grad_output.dtype or (half_inputs and grad_weight.dtype == torch.float32),
         "linear_wgrad_accumulate_",
         f"argument 'grad_weight' must have dtype {_dtype_name(grad_output.dtype)} (the dtype of "
-        f"'grad_output') or float32, got {_dtype_name(grad_weight.dtype)}",
+        f"'grad_output'){' or float32' if half_inputs else ''}, got {_dtype_name(grad_weight.dtype)}",
     )
     _check(
         tuple(grad_weight.shape) == tuple(shape),

@@ -18,8 +18,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-from torch.testing._internal.optests.generate_tests import OpCheckError
-
 import cutlass_nn  # noqa: F401  (registers torch.ops.cutlass_nn)
 
 # ---------------------------------------------------------------------------------------------
@@ -41,21 +39,6 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
-
-# ---------------------------------------------------------------------------------------------
-# Known library bugs (each pinned by strict-xfail tests, so a fix makes them XPASS -> fail and
-# the marker has to be removed).
-# ---------------------------------------------------------------------------------------------
-
-ZERO_FEATURE_BUG = (
-    "BUG csrc/cpu/ops_cpu.cpp flatten_leading(): t.reshape({-1, t.size(-1)}) throws "
-    "'cannot reshape tensor of 0 elements into shape [-1, 0]' when the feature (last) dim of a "
-    "flattened operand is 0 (linear with in_features=0; dgrad/bias_grad with out_features=0; "
-    "wgrad with either = 0)"
-)
-
-# what a ZERO_FEATURE_BUG case raises (directly, or wrapped by opcheck)
-BUG_RAISES = (RuntimeError, OpCheckError)
 
 ops = torch.ops.cutlass_nn
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -112,18 +95,6 @@ class LinearCase:
     @property
     def m(self) -> int:
         return math.prod(self.lead)
-
-    def zero_feature_bug(self, op: str, backward: bool = False) -> bool:
-        """Whether this case hits ZERO_FEATURE_BUG in ``op`` (``backward``: also in its grads)."""
-        if op == "linear":
-            return self.k == 0 or (backward and self.n == 0)
-        if op == "linear_dgrad":
-            return self.n == 0 or (backward and self.k == 0)
-        if op in ("linear_wgrad", "linear_wgrad_accumulate_"):
-            return self.n == 0 or self.k == 0
-        if op == "bias_grad":
-            return self.n == 0
-        raise ValueError(op)
 
     def tensors(self, dtype=torch.float32, requires_grad=False, seed=0):
         g = torch.Generator().manual_seed(seed)
@@ -197,33 +168,26 @@ ADD2_CASES = [
 
 
 def sample_inputs(dtype=torch.float64, requires_grad=False):
-    """(op name, args, kwargs, case id, known-bug reason or None) for every operator; the
-    pattern of pytorch/extension-cpp's ``sample_inputs``."""
+    """(op name, args, kwargs, case id) for every operator; the pattern of
+    pytorch/extension-cpp's ``sample_inputs``."""
     out = []
     for c in LINEAR_CASES:
         x, w, b, dy = c.tensors(dtype, requires_grad)
-
-        def bug(op):
-            return ZERO_FEATURE_BUG if c.zero_feature_bug(op, backward=requires_grad) else None
-
-        out.append(("linear", (x, w, b), {}, c.name, bug("linear")))
-        out.append(("linear_dgrad", (dy, w), {}, c.name, bug("linear_dgrad")))
-        out.append(("linear_wgrad", (dy, x), {}, c.name, bug("linear_wgrad")))
-        out.append(("bias_grad", (dy,), {}, c.name, bug("bias_grad")))
+        out.append(("linear", (x, w, b), {}, c.name))
+        out.append(("linear_dgrad", (dy, w), {}, c.name))
+        out.append(("linear_wgrad", (dy, x), {}, c.name))
+        out.append(("bias_grad", (dy,), {}, c.name))
         if not requires_grad:
             gw = make((c.n, c.k), dtype)
-            out.append(
-                ("linear_wgrad_accumulate_", (gw, dy, x), {}, c.name,
-                 bug("linear_wgrad_accumulate_"))
-            )
+            out.append(("linear_wgrad_accumulate_", (gw, dy, x), {}, c.name))
     for c in MM_CASES:
         a, b = c.tensors(dtype, requires_grad)
-        out.append(("mm", (a, b), {}, c.name, None))
+        out.append(("mm", (a, b), {}, c.name))
         if not requires_grad:
-            out.append(("mm.out", (a, b), {"out": torch.empty(0, dtype=dtype)}, c.name, None))
+            out.append(("mm.out", (a, b), {"out": torch.empty(0, dtype=dtype)}, c.name))
     for c in ADD2_CASES:
         a, b = c.tensors(dtype, requires_grad)
-        out.append(("add2", (a, b), {}, c.name, None))
+        out.append(("add2", (a, b), {}, c.name))
     return out
 
 
@@ -234,9 +198,7 @@ def op_overload(name: str):
 
 
 def as_params(samples):
-    """pytest.param list, with a strict xfail for the cases that hit a known bug."""
-    params = []
-    for op, args, kwargs, case, bug in samples:
-        marks = [pytest.mark.xfail(strict=True, raises=BUG_RAISES, reason=bug)] if bug else []
-        params.append(pytest.param(op, args, kwargs, id=f"{op}-{case}", marks=marks))
-    return params
+    """pytest.param list, one per sample, with the id "op-case"."""
+    return [
+        pytest.param(op, args, kwargs, id=f"{op}-{case}") for op, args, kwargs, case in samples
+    ]

@@ -13,13 +13,10 @@ from torch import nn
 import cutlass_nn
 from conftest import DTYPES, assert_close_ref
 
-# Feature sizes start at 1: a 0 in_features / out_features hits ZERO_FEATURE_BUG (see
-# conftest.py), which the strict-xfail cases of test_ops.py pin down. Batch sizes include 0.
-MIN_FEATURES = 1
-
+# Batch and feature sizes both include 0 (empty inputs, in_features = 0, out_features = 0).
 dtypes = st.sampled_from(DTYPES)
 sizes = st.integers(0, 300)
-features = st.integers(MIN_FEATURES, 300)
+features = st.integers(0, 300)
 
 
 def _rand(shape, dtype, seed):

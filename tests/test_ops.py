@@ -4,11 +4,11 @@ gradcheck / gradgradcheck, and that the backward of linear runs the cutlass_nn o
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.testing._internal.optests.generate_tests import OpCheckError
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cutlass_nn
@@ -17,7 +17,6 @@ from conftest import (
     DTYPES,
     LINEAR_CASES,
     MM_CASES,
-    ZERO_FEATURE_BUG,
     as_params,
     assert_close_ref,
     op_overload,
@@ -65,7 +64,9 @@ def _call(op, args, kwargs):
         assert result is None
         return args[0]
     if op == "mm.out":
-        assert result is kwargs["out"]
+        # the schema returns nothing ('-> ()'); the result is in `out`
+        assert result is None
+        return kwargs["out"]
     return result
 
 
@@ -154,34 +155,57 @@ def test_mm_out_right_shape(ab, mm):
     torch.testing.assert_close(out, a @ b)
 
 
-def _warned_resize(recorded, captured_err):
-    py = any("resized" in str(w.message) for w in recorded)
-    return py or "resized since it had shape" in captured_err
+RESIZE_WARNING = r"^cutlass_nn\.mm: an output with one or more elements was resized"
 
 
-def test_mm_out_wrong_shape_is_resized_with_warning(ab, capfd, recwarn):
+def _resize_warnings(recorded):
+    return [w for w in recorded if "resized" in str(w.message)]
+
+
+def test_mm_out_wrong_shape_is_resized_with_warning(ab, capfd):
     a, b = ab
     out = torch.zeros(5, 5)
-    result = cutlass_nn.mm(a, b, out=out)
+    # torch.mm's deprecation warning for resizing a non-empty out, as a Python UserWarning
+    with pytest.warns(UserWarning, match=RESIZE_WARNING) as recorded:
+        result = cutlass_nn.mm(a, b, out=out)
     assert result is out and out.shape == (3, 2)
     torch.testing.assert_close(out, a @ b)
-    # torch.mm's deprecation warning for resizing a non-empty out (as a Python warning or, see
-    # the xfail below, only on stderr)
-    assert _warned_resize(recwarn.list, capfd.readouterr().err)
+    assert len(_resize_warnings(recorded)) == 1
+    # the warning points at the caller (this file), not at cutlass_nn's wrapper
+    assert _resize_warnings(recorded)[0].filename == __file__
+    # and c10 prints nothing on stderr (the C++ op resizes silently)
+    assert "resized" not in capfd.readouterr().err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the resize warning of mm.out is printed by c10 on stderr instead of being a "
-    "Python UserWarning as with torch.mm(out=) (torch.ops calls have no C++->Python warning "
-    "handler), so pytest.warns / warnings filters cannot see it",
-)
 def test_mm_out_wrong_shape_warns_like_torch(ab):
     a, b = ab
     with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
         torch.mm(a, b, out=torch.zeros(5, 5))  # the torch behavior we mirror
-    with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+    with pytest.warns(UserWarning, match=RESIZE_WARNING):
         cutlass_nn.mm(a, b, out=torch.zeros(5, 5))
+    with pytest.warns(UserWarning, match=RESIZE_WARNING) as recorded:
+        cutlass_nn.ops.mm_out(a, b, torch.zeros(5, 5))
+    assert _resize_warnings(recorded)[0].filename == __file__
+
+
+def test_mm_out_wrong_shape_warning_can_be_made_an_error(ab):
+    a, b = ab
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        with pytest.raises(UserWarning, match=RESIZE_WARNING):
+            cutlass_nn.mm(a, b, out=torch.zeros(5, 5))
+
+
+def test_mm_out_op_resizes_silently(ab, capfd, recwarn):
+    """The raw operator returns nothing and resizes without a warning (the Python wrapper
+    warns)."""
+    a, b = ab
+    out = torch.zeros(5, 5)
+    assert ops.mm.out(a, b, out=out) is None
+    assert out.shape == (3, 2)
+    torch.testing.assert_close(out, a @ b)
+    assert not _resize_warnings(recwarn.list)
+    assert "resized" not in capfd.readouterr().err
 
 
 def test_mm_out_empty_out_resized_without_warning(ab, capfd, recwarn):
@@ -190,7 +214,8 @@ def test_mm_out_empty_out_resized_without_warning(ab, capfd, recwarn):
     assert cutlass_nn.mm(a, b, out=out) is out
     assert out.shape == (3, 2)
     torch.testing.assert_close(out, a @ b)
-    assert not _warned_resize(recwarn.list, capfd.readouterr().err)
+    assert not _resize_warnings(recwarn.list)
+    assert "resized" not in capfd.readouterr().err
 
 
 def test_mm_out_non_contiguous(ab):
@@ -257,28 +282,21 @@ def test_mm_out_with_requires_grad_raises(ab, which):
 # opcheck
 # ---------------------------------------------------------------------------------------------
 
-_OPCHECK_NO_AOT = ("test_schema", "test_autograd_registration", "test_faketensor")
-
-
 @pytest.mark.parametrize(
     "op,args,kwargs",
     as_params(sample_inputs(torch.float32) + sample_inputs(torch.float64, requires_grad=True)),
 )
 def test_opcheck(op, args, kwargs):
-    if op == "mm.out":
-        # test_aot_dispatch_dynamic: see test_opcheck_mm_out_aot_dispatch
-        torch.library.opcheck(op_overload(op), args, kwargs, test_utils=_OPCHECK_NO_AOT)
-    else:
-        torch.library.opcheck(op_overload(op), args, kwargs)
+    # every default test_util (test_schema, test_autograd_registration, test_faketensor,
+    # test_aot_dispatch_dynamic), mm.out included
+    torch.library.opcheck(op_overload(op), args, kwargs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OpCheckError,
-    reason="BUG csrc/ops_registry.cpp: mm.out's schema returns an alias ('-> Tensor(a!)'), "
-    "which AOTAutograd cannot functionalize for a custom op ('Found a custom (non-ATen) "
-    "operator whose output has alias annotations'), although the op is tagged pt2_compliant",
-)
+def test_mm_out_schema_returns_nothing():
+    # an out= custom op that returns an alias cannot be functionalized by AOTAutograd
+    assert len(ops.mm.out._schema.returns) == 0
+
+
 def test_opcheck_mm_out_aot_dispatch(ab):
     a, b = ab
     torch.library.opcheck(
@@ -308,12 +326,7 @@ def _linear_params():
             tuple(range(n_in))
         ]
         for s in subsets:
-            # a case that runs a zero-feature op anywhere in grad or grad-of-grad
-            bug = c.zero_feature_bug("linear", backward=True) or c.zero_feature_bug(
-                "linear_dgrad", backward=True
-            )
-            marks = [pytest.mark.xfail(strict=True, raises=RuntimeError, reason=ZERO_FEATURE_BUG)] if bug else []
-            params.append(pytest.param(c, s, id=f"{c.name}-grads{s}", marks=marks))
+            params.append(pytest.param(c, s, id=f"{c.name}-grads{s}"))
     return params
 
 
@@ -330,11 +343,7 @@ def _backward_op_params(op, n_args):
     params = []
     for c in LINEAR_CASES:
         for s in _subsets(n_args) if c.name in ("2d_bias", "3d_bias") else [tuple(range(n_args))]:
-            bug = c.zero_feature_bug(op, backward=True) or c.zero_feature_bug(
-                "linear", backward=True
-            ) or (c.n == 0 or c.k == 0)
-            marks = [pytest.mark.xfail(strict=True, raises=RuntimeError, reason=ZERO_FEATURE_BUG)] if bug else []
-            params.append(pytest.param(c, s, id=f"{c.name}-grads{s}", marks=marks))
+            params.append(pytest.param(c, s, id=f"{c.name}-grads{s}"))
     return params
 
 
@@ -356,17 +365,7 @@ def test_gradcheck_linear_wgrad(case, grads):
     _gradchecks(cutlass_nn.ops.linear_wgrad, tuple(inputs))
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            c,
-            id=c.name,
-            marks=[pytest.mark.xfail(strict=True, raises=RuntimeError, reason=ZERO_FEATURE_BUG)] if c.n == 0 else [],
-        )
-        for c in LINEAR_CASES
-    ],
-)
+@pytest.mark.parametrize("case", LINEAR_CASES, ids=[c.name for c in LINEAR_CASES])
 def test_gradcheck_bias_grad(case):
     _, _, _, dy = case.tensors(torch.float64)
     _gradchecks(cutlass_nn.ops.bias_grad, (dy.requires_grad_(),))

@@ -20,7 +20,19 @@ namespace cuda {
 namespace {
 
 std::atomic<bool> g_force_sm80{false};
-thread_local const char* g_last_kernel = "";
+// Process-wide (not thread-local): autograd runs CUDA backward ops on its own worker thread.
+std::atomic<const char*> g_last_kernel{""};
+
+// Whether float32 GEMMs may use TF32, by the same setting cuBLAS follows: the per-backend
+// precision of torch >= 2.9 (torch.backends.cuda.matmul.fp32_precision), falling back to the
+// legacy global setting (torch.set_float32_matmul_precision / allow_tf32) when that is unset.
+bool float32_matmul_allows_tf32() {
+  auto& ctx = at::globalContext();
+  const auto precision = ctx.float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL);
+  if (precision == at::Float32Precision::TF32) return true;
+  if (precision == at::Float32Precision::IEEE) return false;
+  return ctx.float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST;
+}
 
 kernels::DType to_kernel_dtype(c10::ScalarType dtype) {
   switch (dtype) {
@@ -69,11 +81,32 @@ Operand as_row_major(const at::Tensor& t) {
           kernels::Layout::kRowMajor};
 }
 
+// Runs one GEMM of the kernel layer with a workspace from the caching allocator, and turns a
+// failure into an error naming the operator, the problem and the kernel.
+void run_one(const char* op, const kernels::GemmParams& p, const at::Tensor& a,
+             const at::Tensor& d, const DeviceInfo& info, cudaStream_t stream) {
+  const size_t workspace_bytes = kernels::gemm_workspace_size(p);
+  at::Tensor workspace;
+  if (workspace_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, a.options().dtype(at::kByte));
+  }
+  const char* detail = nullptr;
+  const kernels::GemmStatus status = kernels::run_gemm(
+      p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, workspace_bytes, stream, &detail);
+  const char* kernel = kernels::gemm_kernel_name(p);
+  g_last_kernel = kernel;
+  TORCH_CHECK(status == kernels::GemmStatus::kSuccess, "cutlass_nn.", op, ": GEMM failed (",
+              kernels::gemm_status_string(status), detail ? ": " : "", detail ? detail : "",
+              ") for M=", p.m, " N=", p.n, " K=", p.k, ", dtype ", dtype_name(a.scalar_type()),
+              ", output dtype ", dtype_name(d.scalar_type()), ", kernel '", kernel, "', device ",
+              a.device(), " (compute capability ", info.sm / 10, ".", info.sm % 10, ")");
+}
+
 }  // namespace
 
 bool set_force_sm80(bool enable) { return g_force_sm80.exchange(enable); }
 
-const char* last_kernel_name() { return g_last_kernel; }
+const char* last_kernel_name() { return g_last_kernel.load(); }
 
 bool is_row_major_output(const at::Tensor& t) {
   return t.dim() == 2 && (t.stride(1) == 1 || t.size(1) == 1) &&
@@ -102,8 +135,8 @@ void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Te
   TORCH_CHECK(is_row_major_output(d), "cutlass_nn.", op,
               ": internal error: GEMM output is not row-major (strides ",
               shape_string(d.strides()), ")");
-  TORCH_CHECK_VALUE(n <= INT_MAX && k <= INT_MAX, "cutlass_nn.", op,
-                    ": GEMM sizes N=", n, " and K=", k, " must each be below 2^31");
+  TORCH_CHECK_VALUE(n <= INT_MAX, "cutlass_nn.", op, ": GEMM size N=", n,
+                    " must be below 2^31");
 
   c10::cuda::CUDAGuard guard(a.device());
   Operand A = as_operand(a);
@@ -118,61 +151,54 @@ void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Te
   const DeviceInfo& info = device_info(a.get_device());
   kernels::GemmParams p;
   p.n = n;
-  p.k = k;
   p.lda = A.ld;
   p.layout_a = A.layout;
-  p.b = B.ptr;
   p.ldb = B.ld;
   p.layout_b = B.layout;
   p.ldd = d.size(0) > 1 ? d.stride(0) : n;
   p.dtype_ab = to_kernel_dtype(a.scalar_type());
   p.dtype_cd = to_kernel_dtype(d.scalar_type());
-  p.fp32_math = at::globalContext().allowTF32CuBLAS() ? kernels::Fp32Math::kTf32
-                                                       : kernels::Fp32Math::kIeee;
+  p.fp32_math = a.scalar_type() == c10::kFloat && !float32_matmul_allows_tf32()
+                    ? kernels::Fp32Math::kIeee
+                    : kernels::Fp32Math::kTf32;
   p.arch_path = g_force_sm80.load() ? kernels::ArchPath::kSm80 : kernels::ArchPath::kAuto;
   p.sm = info.sm;
   p.multiprocessors = info.multiprocessors;
-  if (accumulate) {
-    p.beta = 1.0f;  // C aliases D: D += A @ B
-    p.ldc = p.ldd;
-  } else if (bias.has_value()) {
-    p.beta = 1.0f;  // C is the bias row, broadcast over the rows of D
-    p.c_row_broadcast = true;
-  }
-
   const int64_t a_elem = a.element_size(), d_elem = d.element_size();
   auto* d_ptr = static_cast<char*>(d.data_ptr());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
 
-  // CUTLASS problem sizes are 32-bit: very tall problems run as slabs of rows.
-  constexpr int64_t kMaxRows = int64_t{1} << 30;
-  for (int64_t row0 = 0; row0 < m; row0 += kMaxRows) {
-    p.m = std::min(kMaxRows, m - row0);
-    const int64_t a_offset = A.layout == kernels::Layout::kRowMajor ? row0 * A.ld : row0;
-    p.a = A.ptr + a_offset * a_elem;
+  // CUTLASS problem sizes are 32-bit: a very tall problem runs as slabs of rows, and a very deep
+  // one (wgrad over more than 2^30 tokens) as slabs of K, each after the first adding to D.
+  constexpr int64_t kMaxSlab = int64_t{1} << 30;
+  const int64_t b_elem = b.element_size();
+  const bool row_a = A.layout == kernels::Layout::kRowMajor;
+  const bool row_b = B.layout == kernels::Layout::kRowMajor;
+  for (int64_t row0 = 0; row0 < m; row0 += kMaxSlab) {
+    p.m = std::min(kMaxSlab, m - row0);
     p.d = d_ptr + row0 * p.ldd * d_elem;
-    if (accumulate) {
-      p.c = p.d;
-    } else if (bias.has_value()) {
-      p.c = bias_contig.data_ptr();
-    } else {
-      p.c = nullptr;
+    for (int64_t k0 = 0; k0 < k; k0 += kMaxSlab) {
+      p.k = std::min(kMaxSlab, k - k0);
+      p.a = A.ptr + (row_a ? row0 * A.ld + k0 : row0 + k0 * A.ld) * a_elem;
+      p.b = B.ptr + (row_b ? k0 * B.ld : k0) * b_elem;
+      if (accumulate || k0 > 0) {  // C aliases D: D += A @ B
+        p.beta = 1.0f;
+        p.c = p.d;
+        p.ldc = p.ldd;
+        p.c_row_broadcast = false;
+      } else if (bias.has_value()) {  // C is the bias row, broadcast over the rows of D
+        p.beta = 1.0f;
+        p.c = bias_contig.data_ptr();
+        p.ldc = 0;
+        p.c_row_broadcast = true;
+      } else {
+        p.beta = 0.0f;
+        p.c = nullptr;
+        p.ldc = 0;
+        p.c_row_broadcast = false;
+      }
+      run_one(op, p, a, d, info, stream);
     }
-    const size_t workspace_bytes = kernels::gemm_workspace_size(p);
-    at::Tensor workspace;
-    if (workspace_bytes > 0) {
-      workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, a.options().dtype(at::kByte));
-    }
-    const char* detail = nullptr;
-    const kernels::GemmStatus status = kernels::run_gemm(
-        p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, workspace_bytes, stream, &detail);
-    g_last_kernel = kernels::gemm_kernel_name(p);
-    TORCH_CHECK(status == kernels::GemmStatus::kSuccess, "cutlass_nn.", op, ": GEMM failed (",
-                kernels::gemm_status_string(status), detail ? ": " : "", detail ? detail : "",
-                ") for M=", p.m, " N=", n, " K=", k, ", dtype ", dtype_name(a.scalar_type()),
-                ", output dtype ", dtype_name(d.scalar_type()), ", kernel '", g_last_kernel,
-                "', device ", a.device(), " (compute capability ", info.sm / 10, ".",
-                info.sm % 10, ")");
   }
 }
 
