@@ -2,8 +2,9 @@
 # GPU check of cutlass_nn on a fresh GPU machine with no network:
 #   1. installs the CUTLASS headers from a carried wheel (.whl/nvidia_cutlass-4.2.0.0-*.whl),
 #   2. builds the CUDA flavor in place with MAX_JOBS parallel jobs (timed),
-#   3. builds and runs the torch-free kernel self-tests (csrc/kernels/tests),
-#   4. runs the whole pytest suite (GPU tests included) with a JUnit report,
+#   3. with SELFTESTS=1, builds and runs the torch-free kernel self-tests (csrc/kernels/tests),
+#   4. runs the whole pytest suite (GPU tests included; PYTEST_WORKERS processes with
+#      pytest-xdist when it is installed) with a JUnit report,
 #   5. writes a summary (device, torch/CUDA versions, date, command, pass/fail counts, build time)
 #      with scripts/gpu_summary.py to $OUT/gpu_check_summary.md (and prints it).
 # Usage: OUT=/some/dir bash scripts/gpu_check.sh [extra pytest args]
@@ -34,7 +35,8 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 selftest_log="$OUT/selftests.log"
 : > "$selftest_log"
-if [ -d csrc/kernels/tests ]; then
+# The torch-free kernel self-tests recompile every kernel, so they run only when asked for.
+if [ "${SELFTESTS:-0}" = 1 ]; then
   for src in csrc/kernels/tests/*_selftest.cu; do
     name=$(basename "$src" .cu)
     deps="csrc/kernels/elementwise.cu"
@@ -60,7 +62,9 @@ if [ -d csrc/kernels/tests ]; then
 fi
 
 python3 -m cutlass_nn.info | tee "$OUT/info.txt"
-python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/pytest.xml" tests "$@" 2>&1 \
+workers=()
+if python3 -c "import xdist" 2>/dev/null; then workers=(-n "${PYTEST_WORKERS:-8}"); fi
+python3 -m pytest -q -p no:cacheprovider "${workers[@]}" --junitxml="$OUT/pytest.xml" tests "$@" 2>&1 \
   | tee "$OUT/pytest.log" | tail -40
 python3 scripts/gpu_summary.py --junit "$OUT/pytest.xml" --build-seconds "$build_s" \
   --build-rc "$build_rc" --selftests "$selftest_log" --command "bash scripts/gpu_check.sh $*" \

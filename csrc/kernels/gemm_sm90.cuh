@@ -98,9 +98,9 @@ struct Sm90Gemm {
     int device = 0;
     cudaGetDevice(&device);
     hw_info.device_id = device;
-    hw_info.sm_count = p.multiprocessors > 0
-                           ? p.multiprocessors
-                           : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    int sms = p.multiprocessors;
+    if (sms <= 0) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    hw_info.sm_count = sms;
 
     const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
     typename Gemm::Arguments args{

@@ -1,0 +1,189 @@
+// Implements gemm_params.h: picks one of the generated kernels (generated/kernel_registry.inc) for
+// a GemmParams and runs it. Includes no CUTLASS header; every kernel body lives in its own
+// generated translation unit.
+//
+// Selection (first registry row that fits, rows are in priority order):
+//   1. kSm90TmaWs     only if sm == 90, arch_path == kAuto, 16-bit A/B, every operand 16-byte
+//                     aligned, and (for a row-broadcast bias) beta == 1.
+//   2. kSm80TensorOp  sm >= 80; highest alignment first (f16/bf16: 8 then 2; tf32: 4 then 1, only
+//                     with Fp32Math::kTf32; f64 DMMA: 1).
+//   3. kSm80Simt      fp32 (IEEE, or TF32 requested but nothing tensor-op fits).
+//   4. kFallback      any alignment / layout (A ColumnMajor with B ColumnMajor excepted).
+#include <climits>
+#include <cstdint>
+
+#include "gemm_params.h"
+#include "gemm_registry.h"
+
+namespace cutlass_nn {
+namespace kernels {
+namespace {
+
+const KernelEntry kKernels[] = {
+#define CUTLASS_NN_KERNEL(fam, ab, cd, la, lb, align, align_cd, config, name)                 \
+  {KernelFamily::fam, DType::ab, DType::cd, Layout::la, Layout::lb, align, align_cd, name,   \
+   &launch<KernelTag<KernelFamily::fam, DType::ab, DType::cd, Layout::la, Layout::lb, align, \
+                     config>>},
+#include "generated/kernel_registry.inc"
+#undef CUTLASS_NN_KERNEL
+};
+
+// Largest N the SM80 CUTLASS kernels take: N tiles go to grid.y (<= 65535), smallest tile N is 64.
+constexpr int64_t kSm80MaxN = int64_t(65535) * 64;
+
+size_t element_size(DType t) {
+  switch (t) {
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
+  }
+  return 0;
+}
+
+bool is_16bit(DType t) { return t == DType::kFloat16 || t == DType::kBFloat16; }
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// Largest access width (elements, power of two, at most 16 bytes) that the operand allows:
+// pointer address, leading dimension (when more than one line is read) and contiguous extent.
+int operand_alignment(const void* ptr, int64_t ld, int64_t contiguous, int64_t strided,
+                      size_t esize) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(ptr);
+  for (int a = static_cast<int>(16 / esize); a > 1; a /= 2) {
+    if (addr % (a * esize) == 0 && contiguous % a == 0 && (strided <= 1 || ld % a == 0)) return a;
+  }
+  return 1;
+}
+
+// Canonical form of the params: C unused -> C := D with beta 0 (every kernel then has a valid C
+// pointer and none reads it); ld of a single-line operand is irrelevant and is replaced by a
+// 16-byte multiple so that it neither lowers the alignment nor upsets TMA descriptor checks.
+GemmParams normalize(const GemmParams& in) {
+  GemmParams p = in;
+  if (p.c == nullptr || p.beta == 0.0f) {
+    p.c = p.d;
+    p.ldc = p.ldd;
+    p.c_row_broadcast = false;
+    p.beta = 0.0f;
+  }
+  const int64_t v_ab = 16 / static_cast<int64_t>(element_size(p.dtype_ab));
+  const int64_t v_cd = 16 / static_cast<int64_t>(element_size(p.dtype_cd));
+  const bool a_row = p.layout_a == Layout::kRowMajor, b_row = p.layout_b == Layout::kRowMajor;
+  if ((a_row ? p.m : p.k) <= 1) p.lda = round_up(a_row ? p.k : p.m, v_ab);
+  if ((b_row ? p.k : p.n) <= 1) p.ldb = round_up(b_row ? p.n : p.k, v_ab);
+  if (p.m <= 1) {
+    p.ldd = round_up(p.n, v_cd);
+    if (!p.c_row_broadcast) p.ldc = p.ldd;
+  }
+  if (p.c_row_broadcast) p.ldc = 0;  // ignored by contract; kernels broadcast row 0
+  return p;
+}
+
+bool valid_dtypes(DType ab, DType cd) {
+  if (is_16bit(ab)) return cd == ab || cd == DType::kFloat32;
+  return cd == ab;
+}
+
+const KernelEntry* select_kernel(const GemmParams& p) {
+  if (p.sm < 80) return nullptr;
+  if (p.m < 1 || p.n < 1 || p.k < 1) return nullptr;
+  if (p.a == nullptr || p.b == nullptr || p.d == nullptr) return nullptr;
+  if (!valid_dtypes(p.dtype_ab, p.dtype_cd)) return nullptr;
+  const bool a_row = p.layout_a == Layout::kRowMajor, b_row = p.layout_b == Layout::kRowMajor;
+  if (!a_row && !b_row) return nullptr;  // the binding makes A row-major first
+
+  const size_t es_ab = element_size(p.dtype_ab), es_cd = element_size(p.dtype_cd);
+  const int align_a = operand_alignment(p.a, p.lda, a_row ? p.k : p.m, a_row ? p.m : p.k, es_ab);
+  const int align_b = operand_alignment(p.b, p.ldb, b_row ? p.n : p.k, b_row ? p.k : p.n, es_ab);
+  const int align_d = operand_alignment(p.d, p.ldd, p.n, p.m, es_cd);
+  const int align_c = p.c_row_broadcast ? operand_alignment(p.c, 0, p.n, 1, es_cd)
+                                        : operand_alignment(p.c, p.ldc, p.n, p.m, es_cd);
+  const int align_ab = align_a < align_b ? align_a : align_b;
+  const int align_cd = align_c < align_d ? align_c : align_d;
+  const bool fits_int = p.m <= INT_MAX && p.n <= INT_MAX && p.k <= INT_MAX;
+
+  for (const KernelEntry& e : kKernels) {
+    if (e.dtype_ab != p.dtype_ab || e.dtype_cd != p.dtype_cd) continue;
+    if (e.family != KernelFamily::kFallback &&
+        (e.layout_a != p.layout_a || e.layout_b != p.layout_b || !fits_int)) {
+      continue;
+    }
+    if (e.align_ab > align_ab || e.align_cd > align_cd) continue;
+    switch (e.family) {
+      case KernelFamily::kSm90TmaWs:
+        if (p.sm != 90 || p.arch_path != ArchPath::kAuto) continue;
+        if (p.c_row_broadcast && p.beta != 1.0f) continue;  // the fused bias is not scaled
+        break;
+      case KernelFamily::kSm80TensorOp:
+        if (p.dtype_ab == DType::kFloat32 && p.fp32_math != Fp32Math::kTf32) continue;
+        if (p.n > kSm80MaxN) continue;
+        break;
+      case KernelFamily::kSm80Simt:
+        if (p.n > kSm80MaxN) continue;
+        break;
+      case KernelFamily::kFallback:
+        break;
+    }
+    return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const char* gemm_status_string(GemmStatus status) {
+  switch (status) {
+    case GemmStatus::kSuccess:
+      return "success";
+    case GemmStatus::kUnsupported:
+      return "unsupported: no compiled kernel handles this dtype / layout / arch combination";
+    case GemmStatus::kCannotImplement:
+      return "cannot implement: the selected kernel rejected the problem";
+    case GemmStatus::kWorkspaceTooSmall:
+      return "workspace too small";
+    case GemmStatus::kInitializeFailed:
+      return "kernel initialization failed";
+    case GemmStatus::kRunFailed:
+      return "kernel run failed";
+    case GemmStatus::kLaunchFailed:
+      return "kernel launch failed";
+  }
+  return "unknown GemmStatus";
+}
+
+const char* gemm_kernel_name(const GemmParams& params) {
+  const KernelEntry* e = select_kernel(normalize(params));
+  return e != nullptr ? e->name : "";
+}
+
+size_t gemm_workspace_size(const GemmParams& params) {
+  const GemmParams p = normalize(params);
+  const KernelEntry* e = select_kernel(p);
+  if (e == nullptr) return 0;
+  size_t bytes = 0;
+  if (e->fn(p, nullptr, 0, nullptr, nullptr, &bytes) != GemmStatus::kSuccess) return 0;
+  return bytes;
+}
+
+GemmStatus run_gemm(const GemmParams& params, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream, const char** detail) {
+  if (detail != nullptr) *detail = "";
+  const GemmParams p = normalize(params);
+  const KernelEntry* e = select_kernel(p);
+  if (e == nullptr) {
+    if (detail != nullptr) {
+      *detail =
+          "no compiled GEMM kernel for this combination (needs sm >= 80; dtype_cd must equal "
+          "dtype_ab or be float32 for 16-bit A/B; A and B may not both be column-major)";
+    }
+    return GemmStatus::kUnsupported;
+  }
+  return e->fn(p, workspace, workspace_bytes, stream, detail, nullptr);
+}
+
+}  // namespace kernels
+}  // namespace cutlass_nn
