@@ -126,6 +126,18 @@ def choose_flavor() -> tuple[bool, list[str]]:
     return True, archs
 
 
+def cxx_standard() -> str:
+    """The C++ standard torch's own headers expect: C++20 from torch 2.14 on, C++17 before.
+
+    Compiling the bindings under another standard than torch was built with changes the layout
+    of c10 types that cross the library boundary: a c10::ValueError built under C++20 and
+    raised through a torch 2.11 library crashed the process. (The torch-free CUDA kernels are
+    compiled by nvcc as C++17 either way.)
+    """
+    major, minor = (int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return "-std=c++20" if (major, minor) >= (2, 14) else "-std=c++17"
+
+
 def relative(paths: list[str]) -> list[str]:
     return sorted(os.path.relpath(p, ROOT) for p in paths)
 
@@ -138,8 +150,7 @@ def make_extension():
         ("Py_LIMITED_API", "0x03090000"),
         ("CUTLASS_NN_TORCH_VERSION", f'"{torch.__version__}"'),
     ]
-    # torch >= 2.14 headers need C++20; the torch-free CUDA kernels stay C++17 for nvcc.
-    cxx_flags = ["-O3", "-std=c++20"]
+    cxx_flags = ["-O3", cxx_standard()]
     if not with_cuda:
         defines.append(("CUTLASS_NN_FLAVOR", '"cpu"'))
         return cpp_extension.CppExtension(
