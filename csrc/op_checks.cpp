@@ -40,7 +40,7 @@ static void check_wgrad_pair(const char* op, const at::Tensor& grad_output,
   check_same_device(op, "input", input, "grad_output", grad_output);
   check_min_dim(op, "grad_output", grad_output, 1, "[*, out_features]");
   check_min_dim(op, "input", input, 1, "[*, in_features]");
-  TORCH_CHECK_VALUE(grad_output.sizes().slice(0, grad_output.dim() - 1) ==
+  TORCH_CHECK(grad_output.sizes().slice(0, grad_output.dim() - 1) ==
                         input.sizes().slice(0, input.dim() - 1),
                     "cutlass_nn.", op,
                     ": arguments 'grad_output' [*, out_features] and 'input' [*, in_features] "

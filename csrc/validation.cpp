@@ -42,14 +42,14 @@ void check_float_dtype(const char* op, const char* arg, const at::Tensor& t) {
 
 void check_dim(const char* op, const char* arg, const at::Tensor& t, int64_t dim,
                const char* what) {
-  TORCH_CHECK_VALUE(t.dim() == dim, "cutlass_nn.", op, ": argument '", arg, "' must be a ", dim,
+  TORCH_CHECK(t.dim() == dim, "cutlass_nn.", op, ": argument '", arg, "' must be a ", dim,
                     "-D tensor ", what, ", got a ", t.dim(), "-D tensor of shape ",
                     shape_string(t.sizes()));
 }
 
 void check_min_dim(const char* op, const char* arg, const at::Tensor& t, int64_t dim,
                    const char* what) {
-  TORCH_CHECK_VALUE(t.dim() >= dim, "cutlass_nn.", op, ": argument '", arg,
+  TORCH_CHECK(t.dim() >= dim, "cutlass_nn.", op, ": argument '", arg,
                     "' must have at least ", dim, " dimension(s) ", what, ", got a ", t.dim(),
                     "-D tensor of shape ", shape_string(t.sizes()));
 }
@@ -70,14 +70,14 @@ void check_same_device(const char* op, const char* arg, const at::Tensor& t,
 
 void check_size(const char* op, const char* arg, const at::Tensor& t, int64_t dim,
                 int64_t expected, const char* what) {
-  TORCH_CHECK_VALUE(t.size(dim) == expected, "cutlass_nn.", op, ": argument '", arg,
+  TORCH_CHECK(t.size(dim) == expected, "cutlass_nn.", op, ": argument '", arg,
                     "' must have size ", expected, " in dimension ", dim, " (", what,
                     "), got shape ", shape_string(t.sizes()));
 }
 
 void check_same_shape(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
                       const at::Tensor& ref) {
-  TORCH_CHECK_VALUE(t.sizes() == ref.sizes(), "cutlass_nn.", op, ": argument '", arg,
+  TORCH_CHECK(t.sizes() == ref.sizes(), "cutlass_nn.", op, ": argument '", arg,
                     "' must have the shape of '", ref_arg, "' ", shape_string(ref.sizes()),
                     ", got ", shape_string(t.sizes()));
 }

@@ -3,6 +3,11 @@
 // Every check names the operator and the argument and says what was expected and what was
 // given, so that a user who passes a bad tensor learns which call and which argument to fix.
 // All checks run before any output is allocated or any argument is written.
+//
+// Every check raises through TORCH_CHECK (a RuntimeError in Python, like torch.mm's own shape
+// errors), whose exception is constructed and thrown inside libc10. Exceptions constructed in
+// this library instead (TORCH_CHECK_VALUE's c10::ValueError) crashed the process on the GPU
+// machine's torch 2.11 build, so they are not used.
 #pragma once
 
 #include <ATen/core/Tensor.h>

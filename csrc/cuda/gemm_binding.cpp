@@ -135,7 +135,7 @@ void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Te
   TORCH_CHECK(is_row_major_output(d), "cutlass_nn.", op,
               ": internal error: GEMM output is not row-major (strides ",
               shape_string(d.strides()), ")");
-  TORCH_CHECK_VALUE(n <= INT_MAX, "cutlass_nn.", op, ": GEMM size N=", n,
+  TORCH_CHECK(n <= INT_MAX, "cutlass_nn.", op, ": GEMM size N=", n,
                     " must be below 2^31");
 
   c10::cuda::CUDAGuard guard(a.device());
