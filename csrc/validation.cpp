@@ -1,18 +1,18 @@
 #include "validation.h"
 
-#include <sstream>
+#include <string>
 
 namespace cutlass_nn {
 
 std::string shape_string(c10::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << "[";
+  // Plain concatenation (no iostreams): formatting must not be able to fail inside an error path.
+  std::string out = "[";
   for (size_t i = 0; i < sizes.size(); ++i) {
-    if (i > 0) out << ", ";
-    out << sizes[i];
+    if (i > 0) out += ", ";
+    out += std::to_string(sizes[i]);
   }
-  out << "]";
-  return out.str();
+  out += "]";
+  return out;
 }
 
 std::string dtype_name(c10::ScalarType dtype) {

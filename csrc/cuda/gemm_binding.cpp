@@ -139,6 +139,13 @@ void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Te
                     " must be below 2^31");
 
   c10::cuda::CUDAGuard guard(a.device());
+  // The SM90 kernels build TMA descriptors with the driver API (cuTensorMapEncodeTiled), which
+  // needs a current context on this thread. Autograd's worker threads may not have one yet
+  // (CUDA_ERROR_INVALID_CONTEXT, then a crash, was seen there); cudaSetDevice makes the
+  // device's primary context current (CUDA >= 12) and is legal during graph capture.
+  const cudaError_t set_device = cudaSetDevice(a.get_device());
+  TORCH_CHECK(set_device == cudaSuccess, "cutlass_nn.", op, ": cudaSetDevice(", a.get_device(),
+              ") failed: ", cudaGetErrorString(set_device));
   Operand A = as_operand(a);
   Operand B = as_operand(b);
   if (A.layout == kernels::Layout::kColumnMajor && B.layout == kernels::Layout::kColumnMajor) {
