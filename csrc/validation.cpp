@@ -42,15 +42,16 @@ void check_float_dtype(const char* op, const char* arg, const at::Tensor& t) {
 
 void check_dim(const char* op, const char* arg, const at::Tensor& t, int64_t dim,
                const char* what) {
-  TORCH_CHECK(t.dim() == dim, "cutlass_nn.", op, ": argument '", arg, "' must be a ", dim,
-                    "-D tensor ", what, ", got a ", t.dim(), "-D tensor of shape ",
+  TORCH_CHECK(t.dim() == dim, "cutlass_nn.", op, ": argument '", arg, "' must be a ", std::to_string(dim),
+                    "-D tensor ", what, ", got a ", std::to_string(t.dim()), "-D tensor of shape ",
                     shape_string(t.sizes()));
 }
 
 void check_min_dim(const char* op, const char* arg, const at::Tensor& t, int64_t dim,
                    const char* what) {
   TORCH_CHECK(t.dim() >= dim, "cutlass_nn.", op, ": argument '", arg,
-                    "' must have at least ", dim, " dimension(s) ", what, ", got a ", t.dim(),
+                    "' must have at least ", std::to_string(dim), " dimension(s) ", what,
+              ", got a ", std::to_string(t.dim()),
                     "-D tensor of shape ", shape_string(t.sizes()));
 }
 
@@ -64,14 +65,15 @@ void check_same_dtype(const char* op, const char* arg, const at::Tensor& t,
 void check_same_device(const char* op, const char* arg, const at::Tensor& t,
                        const char* ref_arg, const at::Tensor& ref) {
   TORCH_CHECK(t.device() == ref.device(), "cutlass_nn.", op, ": argument '", arg,
-              "' must be on device ", ref.device(), " (the device of '", ref_arg, "'), got ",
-              t.device());
+              "' must be on device ", ref.device().str(), " (the device of '", ref_arg, "'), got ",
+              t.device().str());
 }
 
 void check_size(const char* op, const char* arg, const at::Tensor& t, int64_t dim,
                 int64_t expected, const char* what) {
   TORCH_CHECK(t.size(dim) == expected, "cutlass_nn.", op, ": argument '", arg,
-                    "' must have size ", expected, " in dimension ", dim, " (", what,
+                    "' must have size ", std::to_string(expected), " in dimension ",
+              std::to_string(dim), " (", what,
                     "), got shape ", shape_string(t.sizes()));
 }
 

@@ -5,9 +5,10 @@
 // All checks run before any output is allocated or any argument is written.
 //
 // Every check raises through TORCH_CHECK (a RuntimeError in Python, like torch.mm's own shape
-// errors), whose exception is constructed and thrown inside libc10. Exceptions constructed in
-// this library instead (TORCH_CHECK_VALUE's c10::ValueError) crashed the process on the GPU
-// machine's torch 2.11 build, so they are not used.
+// errors), and every message is built from strings only: numbers go through std::to_string and
+// devices through Device::str(). On the GPU machine (torch 2.11, extension built by another GCC
+// than torch) both a c10::ValueError constructed here and a message that streamed an integer
+// through std::ostream crashed the process, while all-string messages thrown by libc10 worked.
 #pragma once
 
 #include <ATen/core/Tensor.h>

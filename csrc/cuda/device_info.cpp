@@ -25,7 +25,7 @@ const DeviceInfo& device_info(int index) {
       err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index);
     if (err == cudaSuccess)
       err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index);
-    TORCH_CHECK(err == cudaSuccess, "cutlass_nn: cannot read the properties of cuda:", index,
+    TORCH_CHECK(err == cudaSuccess, "cutlass_nn: cannot read the properties of cuda:", std::to_string(index),
                 ": ", cudaGetErrorString(err));
     cache[index] = DeviceInfo{major * 10 + minor, sms};
     known[index] = true;

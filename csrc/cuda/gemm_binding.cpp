@@ -97,9 +97,10 @@ void run_one(const char* op, const kernels::GemmParams& p, const at::Tensor& a,
   g_last_kernel = kernel;
   TORCH_CHECK(status == kernels::GemmStatus::kSuccess, "cutlass_nn.", op, ": GEMM failed (",
               kernels::gemm_status_string(status), detail ? ": " : "", detail ? detail : "",
-              ") for M=", p.m, " N=", p.n, " K=", p.k, ", dtype ", dtype_name(a.scalar_type()),
+              ") for M=", std::to_string(p.m), " N=", std::to_string(p.n), " K=", std::to_string(p.k), ", dtype ", dtype_name(a.scalar_type()),
               ", output dtype ", dtype_name(d.scalar_type()), ", kernel '", kernel, "', device ",
-              a.device(), " (compute capability ", info.sm / 10, ".", info.sm % 10, ")");
+              a.device().str(), " (compute capability ", std::to_string(info.sm / 10), ".",
+              std::to_string(info.sm % 10), ")");
 }
 
 }  // namespace
@@ -135,7 +136,7 @@ void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Te
   TORCH_CHECK(is_row_major_output(d), "cutlass_nn.", op,
               ": internal error: GEMM output is not row-major (strides ",
               shape_string(d.strides()), ")");
-  TORCH_CHECK(n <= INT_MAX, "cutlass_nn.", op, ": GEMM size N=", n,
+  TORCH_CHECK(n <= INT_MAX, "cutlass_nn.", op, ": GEMM size N=", std::to_string(n),
                     " must be below 2^31");
 
   c10::cuda::CUDAGuard guard(a.device());
@@ -144,7 +145,7 @@ void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Te
   // (CUDA_ERROR_INVALID_CONTEXT, then a crash, was seen there); cudaSetDevice makes the
   // device's primary context current (CUDA >= 12) and is legal during graph capture.
   const cudaError_t set_device = cudaSetDevice(a.get_device());
-  TORCH_CHECK(set_device == cudaSuccess, "cutlass_nn.", op, ": cudaSetDevice(", a.get_device(),
+  TORCH_CHECK(set_device == cudaSuccess, "cutlass_nn.", op, ": cudaSetDevice(", std::to_string(a.get_device()),
               ") failed: ", cudaGetErrorString(set_device));
   Operand A = as_operand(a);
   Operand B = as_operand(b);

@@ -45,7 +45,7 @@ kernels::DType elementwise_dtype(c10::ScalarType dtype) {
 }
 
 void check_launch(const char* op, cudaError_t err, const at::Tensor& t) {
-  TORCH_CHECK(err == cudaSuccess, "cutlass_nn.", op, ": kernel launch failed on ", t.device(),
+  TORCH_CHECK(err == cudaSuccess, "cutlass_nn.", op, ": kernel launch failed on ", t.device().str(),
               " for shape ", shape_string(t.sizes()), ": ", cudaGetErrorString(err));
 }
 
