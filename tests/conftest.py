@@ -184,7 +184,11 @@ def sample_inputs(dtype=torch.float64, requires_grad=False):
         a, b = c.tensors(dtype, requires_grad)
         out.append(("mm", (a, b), {}, c.name))
         if not requires_grad:
-            out.append(("mm.out", (a, b), {"out": torch.empty(0, dtype=dtype)}, c.name))
+            # `out` of the result's shape: resizing a graph input (an empty `out`) is not
+            # traceable by AOTAutograd on torch 2.14 ("expand: the requested shape has too few
+            # dimensions"); the resize semantics are tested eagerly in test_ops.py.
+            shape = (a.shape[0], b.shape[1])
+            out.append(("mm.out", (a, b), {"out": torch.full(shape, float("nan"), dtype=dtype)}, c.name))
     for c in ADD2_CASES:
         a, b = c.tensors(dtype, requires_grad)
         out.append(("add2", (a, b), {}, c.name))
