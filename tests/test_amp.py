@@ -31,3 +31,26 @@ def test_mm_follows_autocast_and_float64_is_left_alone():
         assert cutlass_nn.mm(a, b).dtype == torch.bfloat16
         assert cutlass_nn.mm(a.double(), b.double()).dtype == torch.float64
     assert cutlass_nn.mm(a, b).dtype == torch.float32
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and cutlass_nn.has_cuda_kernels()),
+    reason="needs a CUDA GPU and the CUDA flavor of cutlass_nn",
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_linear_follows_cuda_autocast_like_nn_linear(dtype):
+    torch.manual_seed(0)
+    ref = nn.Linear(64, 32, device="cuda")
+    ours = cutlass_nn.CutlassLinear(64, 32, device="cuda")
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(8, 64, device="cuda")
+    with torch.autocast("cuda", dtype=dtype):
+        y_ref = ref(x)
+        y = ours(x)
+    assert y.dtype == y_ref.dtype == dtype
+    torch.testing.assert_close(y, y_ref, rtol=2e-2, atol=2e-2)
+    y.float().square().sum().backward()
+    y_ref.float().square().sum().backward()
+    assert ours.weight.grad.dtype == torch.float32
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad, rtol=3e-2, atol=3e-2)
