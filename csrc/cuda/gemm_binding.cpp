@@ -95,8 +95,9 @@ void run_one(const char* op, const kernels::GemmParams& p, const at::Tensor& a,
       p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, workspace_bytes, stream, &detail);
   const char* kernel = kernels::gemm_kernel_name(p);
   g_last_kernel = kernel;
+  const bool has_detail = detail != nullptr && *detail != '\0';
   TORCH_CHECK(status == kernels::GemmStatus::kSuccess, "cutlass_nn.", op, ": GEMM failed (",
-              kernels::gemm_status_string(status), detail ? ": " : "", detail ? detail : "",
+              kernels::gemm_status_string(status), has_detail ? ": " : "", has_detail ? detail : "",
               ") for M=", std::to_string(p.m), " N=", std::to_string(p.n), " K=", std::to_string(p.k), ", dtype ", dtype_name(a.scalar_type()),
               ", output dtype ", dtype_name(d.scalar_type()), ", kernel '", kernel, "', device ",
               a.device().str(), " (compute capability ", std::to_string(info.sm / 10), ".",
