@@ -269,3 +269,22 @@ def test_deepcopy_and_pickle_of_converted_model():
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
     torch.testing.assert_close(loaded(x), y, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 4)], ids=["2d", "3d"])
+def test_outputs_are_not_views_so_inplace_ops_work(shape):
+    """Regression: linear / linear_dgrad returned a view of their buffer, so an in-place op on a
+    CutlassLinear output (ReLU(inplace=True)) failed in autograd."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Linear(8, 2))
+    ours = cutlass_nn.convert(copy.deepcopy(ref))
+    x = torch.randn(shape, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    y = ours(x)
+    y.sum().backward()
+    ref(x_ref).sum().backward()
+    assert not torch.ops.cutlass_nn.linear(x.detach(), ours[0].weight.detach())._is_view()
+    torch.testing.assert_close(y, ref(x_ref.detach()))
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    g = torch.randn(*shape[:-1], 8)
+    assert not torch.ops.cutlass_nn.linear_dgrad(g, ours[0].weight.detach())._is_view()

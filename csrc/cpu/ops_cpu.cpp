@@ -26,18 +26,30 @@ std::vector<int64_t> with_last_dim(const at::Tensor& t, int64_t last) {
   return sizes;
 }
 
+// The outputs are allocated in their final [*, features] shape and the 2-D GEMM writes through a
+// view of them, so the returned tensor is not itself a view (in-place ops on it, such as a
+// following ReLU(inplace=True), must work as they do after nn.Linear).
 at::Tensor linear_cpu(const at::Tensor& input, const at::Tensor& weight,
                       const std::optional<at::Tensor>& bias) {
   check_linear_args(input, weight, bias);
   const at::Tensor x = flatten_leading(input);
-  at::Tensor y = bias.has_value() ? at::addmm(*bias, x, weight.t()) : at::mm(x, weight.t());
-  return y.reshape(with_last_dim(input, weight.size(0)));
+  at::Tensor y = at::empty(with_last_dim(input, weight.size(0)), input.options());
+  at::Tensor y2d = y.view({x.size(0), weight.size(0)});
+  if (bias.has_value()) {
+    at::addmm_out(y2d, *bias, x, weight.t());
+  } else {
+    at::mm_out(y2d, x, weight.t());
+  }
+  return y;
 }
 
 at::Tensor linear_dgrad_cpu(const at::Tensor& grad_output, const at::Tensor& weight) {
   check_linear_dgrad_args(grad_output, weight);
-  return at::mm(flatten_leading(grad_output), weight)
-      .reshape(with_last_dim(grad_output, weight.size(1)));
+  const at::Tensor dy = flatten_leading(grad_output);
+  at::Tensor dx = at::empty(with_last_dim(grad_output, weight.size(1)), grad_output.options());
+  at::Tensor dx2d = dx.view({dy.size(0), weight.size(1)});
+  at::mm_out(dx2d, dy, weight);
+  return dx;
 }
 
 at::Tensor linear_wgrad_cpu(const at::Tensor& grad_output, const at::Tensor& input) {

@@ -49,21 +49,24 @@ void check_launch(const char* op, cudaError_t err, const at::Tensor& t) {
               " for shape ", shape_string(t.sizes()), ": ", cudaGetErrorString(err));
 }
 
+// The outputs are allocated in their final [*, features] shape and the 2-D GEMM writes through a
+// view of them, so the returned tensor is not itself a view (in-place ops on it must work).
 at::Tensor linear_cuda(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias) {
   check_linear_args(input, weight, bias);
   const at::Tensor x = flatten_leading(input);
-  at::Tensor y = empty_row_major(input, x.size(0), weight.size(0));
-  gemm("linear", x, weight.t(), y, bias, /*accumulate=*/false);
-  return y.view(with_last_dim(input, weight.size(0)));
+  at::Tensor y = at::empty(with_last_dim(input, weight.size(0)), input.options());
+  gemm("linear", x, weight.t(), y.view({x.size(0), weight.size(0)}), bias, /*accumulate=*/false);
+  return y;
 }
 
 at::Tensor linear_dgrad_cuda(const at::Tensor& grad_output, const at::Tensor& weight) {
   check_linear_dgrad_args(grad_output, weight);
   const at::Tensor dy = flatten_leading(grad_output);
-  at::Tensor dx = empty_row_major(grad_output, dy.size(0), weight.size(1));
-  gemm("linear_dgrad", dy, weight, dx, std::nullopt, /*accumulate=*/false);
-  return dx.view(with_last_dim(grad_output, weight.size(1)));
+  at::Tensor dx = at::empty(with_last_dim(grad_output, weight.size(1)), grad_output.options());
+  gemm("linear_dgrad", dy, weight, dx.view({dy.size(0), weight.size(1)}), std::nullopt,
+       /*accumulate=*/false);
+  return dx;
 }
 
 at::Tensor linear_wgrad_cuda(const at::Tensor& grad_output, const at::Tensor& input) {
