@@ -24,10 +24,28 @@ def test_readme_main_job_runs_the_training_example():
     assert (ROOT / "training_examples" / "train_mlp.py").is_file()
 
 
+def environ_knobs(*paths: pathlib.Path) -> set[str]:
+    return {
+        knob
+        for path in paths
+        for knob in re.findall(r'os\.environ\.get\("([A-Z_]+)"', path.read_text())
+    }
+
+
 def test_readme_documents_every_build_knob():
     text = (ROOT / "README.md").read_text()
-    setup_py = (ROOT / "setup.py").read_text()
-    knobs = set(re.findall(r'os\.environ\.get\("([A-Z_]+)"', setup_py))
-    assert knobs, "setup.py reads no knob?"
+    # setup.py and the build description it shares with the JIT build
+    knobs = environ_knobs(ROOT / "setup.py", ROOT / "cutlass_nn" / "_build_config.py")
+    assert {"CUTLASS_NN_CUDA_ARCHS", "CUTLASS_DIR"} <= knobs, knobs
     for knob in knobs | {"MAX_JOBS"}:
         assert f"`{knob}`" in text, f"{knob} is not documented in README.md"
+
+
+def test_readme_documents_every_runtime_knob():
+    text = (ROOT / "README.md").read_text()
+    runtime = text[text.index("### Runtime environment variables") :]
+    package = sorted((ROOT / "cutlass_nn").glob("*.py"))
+    knobs = environ_knobs(*[p for p in package if p.name != "_build_config.py"])
+    assert "CUTLASS_NN_JIT" in knobs, knobs
+    for knob in knobs:
+        assert f"`{knob}`" in runtime, f"{knob} is not documented as a runtime variable in README.md"
