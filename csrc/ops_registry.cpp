@@ -3,7 +3,17 @@
 // Backends register implementations beside their kernels: csrc/cpu/ops_cpu.cpp (CPU, always
 // built) and csrc/cuda/ops_cuda.cu (CUDA, built when the CUDA flavor is compiled). Fake (meta)
 // implementations and autograd formulas are registered from Python in cutlass_nn/ops.py.
+//
+// The Python builds (setup.py) make this file the module cutlass_nn._C; the CMake build for
+// LibTorch C++ users (csrc/CMakeLists.txt) defines CUTLASS_NN_NO_PYTHON and gets a plain shared
+// library with the same operators and no dependency on Python.
+#ifndef CUTLASS_NN_NO_PYTHON
+#define CUTLASS_NN_PYTHON_MODULE 1
+#endif
+
+#ifdef CUTLASS_NN_PYTHON_MODULE
 #include <Python.h>
+#endif
 #include <torch/library.h>
 
 #include <string>
@@ -25,6 +35,7 @@
 #define CUTLASS_NN_TORCH_VERSION ""
 #endif
 
+#ifdef CUTLASS_NN_PYTHON_MODULE
 extern "C" {
 // Importing cutlass_nn._C from Python only needs to load this shared library: loading it runs
 // the static TORCH_LIBRARY registrations below. The module itself is empty, and built against
@@ -34,6 +45,7 @@ PyObject* PyInit__C(void) {
   return PyModule_Create(&module_def);
 }
 }
+#endif  // CUTLASS_NN_PYTHON_MODULE
 
 namespace cutlass_nn {
 
