@@ -75,6 +75,11 @@ def build_info() -> dict[str, str]:
     return info
 
 
+# Read once at import: has_cuda_kernels() runs on every operator call, and must neither dispatch
+# an operator nor go through a cache wrapper there (torch.compile traces it).
+_HAS_CUDA_KERNELS = build_info()["flavor"] == "cuda"
+
+
 def has_cuda_kernels() -> bool:
     """True when the extension was built with its CUDA kernels (the CUDA flavor)."""
-    return build_info()["flavor"] == "cuda"
+    return _HAS_CUDA_KERNELS

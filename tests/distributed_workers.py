@@ -214,14 +214,18 @@ def ddp_worker(rank, world_size, init_method, out_dir, device_type, steps):
 
 def _fsdp2_body(rank, world_size, device, steps):
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 
+    # An explicit mesh of the run's device type: without it FSDP2 shards onto the accelerator
+    # whenever one is visible, also in the CPU (gloo) run on a GPU machine.
+    mesh = init_device_mesh(torch.device(device).type, (world_size,))
     model = build_model(device)
     layers = [m for m in model.modules() if type(m) is cutlass_nn.CutlassLinear]
     n_cutlass = len(layers)
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
     # Between steps the parameters are DTensors sharded on dim 0 ...
     sharded = {
