@@ -6,25 +6,10 @@
 #include <torch/library.h>
 
 #include "../op_checks.h"
+#include "../tensor_shapes.h"
 
 namespace cutlass_nn {
 namespace {
-
-// [*, features] -> [prod(*), features]; a view where possible. The row count is spelled out
-// (not -1) so that a zero-size feature dimension still flattens.
-at::Tensor flatten_leading(const at::Tensor& t) {
-  const int64_t features = t.size(-1);
-  int64_t rows = 1;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
-  return t.reshape({rows, features});
-}
-
-// [*, in] leading shape with a new last dimension.
-std::vector<int64_t> with_last_dim(const at::Tensor& t, int64_t last) {
-  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
-  sizes.back() = last;
-  return sizes;
-}
 
 // The outputs are allocated in their final [*, features] shape and the 2-D GEMM writes through a
 // view of them, so the returned tensor is not itself a view (in-place ops on it, such as a

@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include "../op_checks.h"
+#include "../tensor_shapes.h"
 #include "../validation.h"
 #include "device_info.h"
 #include "elementwise.h"
@@ -19,21 +20,6 @@
 namespace cutlass_nn {
 namespace cuda {
 namespace {
-
-// [*, features] -> [prod(*), features]; a view where possible. The row count is spelled out
-// (not -1) so that a zero-size feature dimension still flattens.
-at::Tensor flatten_leading(const at::Tensor& t) {
-  const int64_t features = t.size(-1);
-  int64_t rows = 1;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
-  return t.reshape({rows, features});
-}
-
-std::vector<int64_t> with_last_dim(const at::Tensor& t, int64_t last) {
-  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
-  sizes.back() = last;
-  return sizes;
-}
 
 kernels::DType elementwise_dtype(c10::ScalarType dtype) {
   switch (dtype) {
