@@ -306,14 +306,16 @@ def train(args, impl: str, data, device, rank: int, world_size: int):
 
     history = dict(loss=[], test_acc=[])
     train_time, samples_seen = 0.0, 0
-    bar = tqdm(range(1, args.epochs + 1), desc=f"{impl}", unit="epoch",
-               disable=args.quiet or rank != 0 or not sys.stderr.isatty())
-    for epoch in bar:
+    show_bar = not (args.quiet or rank != 0 or not sys.stderr.isatty())
+    for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch)  # reshuffle deterministically
         idx = torch.tensor(list(sampler), dtype=torch.long, device=device)
         t0 = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        for step in range(steps_per_epoch):
+        # one progress bar per epoch, over its optimizer steps (terminals only)
+        bar = tqdm(range(steps_per_epoch), desc=f"{impl} epoch {epoch}/{args.epochs}",
+                   unit="step", leave=False, disable=not show_bar)
+        for step in bar:
             sel = idx[step * local_bs:(step + 1) * local_bs]
             xb, yb = X_tr[sel], y_tr[sel]
             with autocast_ctx(args, device):
@@ -340,10 +342,9 @@ def train(args, impl: str, data, device, rank: int, world_size: int):
         acc, _ = evaluate(model, data["X_test"], data["y_test"], args, device)
         history["loss"].append(epoch_loss)
         history["test_acc"].append(acc)
-        bar.set_postfix(loss=f"{epoch_loss:.4f}", test_acc=f"{acc:.4f}")
+        bar.close()
         log(f"epoch {epoch:3d}/{args.epochs} impl={impl} loss={epoch_loss:.4f} "
             f"test_acc={acc:.4f}")
-    bar.close()
 
     acc, logits = evaluate(model, data["X_test"], data["y_test"], args, device)
     return dict(impl=impl, model=model, init_state=init_state, history=history,
