@@ -94,5 +94,5 @@ setup(
     packages=find_packages(include=["cutlass_nn", "cutlass_nn.*"]),
     ext_modules=[make_extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
-    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

@@ -39,7 +39,7 @@
 extern "C" {
 // Importing cutlass_nn._C from Python only needs to load this shared library: loading it runs
 // the static TORCH_LIBRARY registrations below. The module itself is empty, and built against
-// Python's limited API so one binary serves every CPython >= 3.9.
+// Python's limited API so one binary serves every CPython >= 3.10.
 PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
   return PyModule_Create(&module_def);

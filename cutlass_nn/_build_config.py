@@ -183,7 +183,9 @@ def extension_config(log: Log = log) -> ExtensionConfig:
     with_cuda, archs = choose_flavor(log)
     sources = _sources("*.cpp", os.path.join("cpu", "*.cpp"))
     defines = [
-        ("Py_LIMITED_API", "0x03090000"),
+        # Python's limited API at CPython 3.10: the value torch's BuildExtension also adds (its
+        # minimum), so the two definitions agree; the JIT build gets it from here alone.
+        ("Py_LIMITED_API", "0x030A0000"),
         ("CUTLASS_NN_TORCH_VERSION", f'"{torch.__version__}"'),
     ]
     cxx_flags = ["-O3", cxx_standard()]
