@@ -88,3 +88,26 @@ def test_compile_dynamic_batch_sizes():
             m.zero_grad(set_to_none=True)
         x = torch.randn(batch, 2, 16)
         _assert_same(_run(compiled, compiled_model, x), _run(eager, eager, x))
+
+
+def test_converted_model_compiles_without_graph_breaks():
+    """A model built from nn.Linear and converted: no graph break (dynamo's explain), and
+    fullgraph=True with mode="reduce-overhead" (CUDA graphs on a GPU; the GPU variant is in
+    test_cuda_integration.py) matches eager in forward and backward."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = cutlass_nn.convert(nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)))
+    assert all(type(m) is not nn.Linear for m in eager.modules())
+    x = torch.randn(4, 16)
+    explanation = torch._dynamo.explain(eager)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    torch._dynamo.reset()
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, fullgraph=True, mode="reduce-overhead")
+    y, gx, grads = _run(compiled, compiled_model, x)
+    y2, gx2, grads2 = _run(eager, eager, x)
+    torch.testing.assert_close(y, y2)
+    torch.testing.assert_close(gx, gx2)
+    assert grads.keys() == grads2.keys() and len(grads) == 4
+    for n in grads:
+        torch.testing.assert_close(grads[n], grads2[n], msg=n)
