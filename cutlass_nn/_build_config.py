@@ -86,7 +86,7 @@ def parse_archs(spec: str) -> list[str]:
 def gencode_flags(archs: list[str]) -> list[str]:
     """SASS for each arch; PTX of the lowest plain arch too, so newer GPUs can JIT it."""
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
-    plain = sorted(a for a in archs if not a.endswith("a"))
+    plain = sorted((a for a in archs if not a.endswith("a")), key=int)
     if plain:
         flags.append(f"-gencode=arch=compute_{plain[0]},code=compute_{plain[0]}")
     return flags
@@ -152,12 +152,8 @@ def choose_flavor(log: Log = log) -> tuple[bool, list[str]]:
 
 
 def cxx_standard() -> str:
-    """The C++ standard torch's own headers expect: C++20 from torch 2.14 on, C++17 before.
-
-    Compiling the bindings under another standard than torch was built with changes the layout
-    of c10 types that cross the library boundary: a c10::ValueError built under C++20 and
-    raised through a torch 2.11 library crashed the process. (The torch-free CUDA kernels are
-    compiled by nvcc as C++17 either way.)
+    """The C++ standard of torch's own build: C++20 from torch 2.14 on (its headers require
+    it), C++17 before. The torch-free CUDA kernels are compiled by nvcc as C++17 either way.
     """
     major, minor = (int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
     return "-std=c++20" if (major, minor) >= (2, 14) else "-std=c++17"

@@ -1,0 +1,105 @@
+"""The build decisions of cutlass_nn/_build_config.py (shared by setup.py and the JIT build):
+flavor choice, architecture flags, CUTLASS header lookup and the C++ standard."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch.utils import cpp_extension
+
+from cutlass_nn import _build_config as bc
+
+
+@pytest.fixture
+def logged():
+    lines: list[str] = []
+    return lines
+
+
+def test_archs_none_forces_the_cpu_flavor(monkeypatch, logged):
+    monkeypatch.setenv("CUTLASS_NN_CUDA_ARCHS", "none")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert bc.choose_flavor(logged.append) == (False, [])
+    assert logged == ["building the CPU-only flavor (CUTLASS_NN_CUDA_ARCHS=none)"]
+
+
+def test_cpu_torch_gives_the_cpu_flavor(monkeypatch, logged):
+    monkeypatch.delenv("CUTLASS_NN_CUDA_ARCHS", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert bc.choose_flavor(logged.append) == (False, [])
+    assert "is a CPU build" in logged[0]
+
+
+def test_cuda_torch_without_nvcc_gives_the_cpu_flavor(monkeypatch, tmp_path, logged):
+    monkeypatch.delenv("CUTLASS_NN_CUDA_ARCHS", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path))  # no bin/nvcc there
+    assert bc.choose_flavor(logged.append) == (False, [])
+    assert "no nvcc found" in logged[0]
+
+
+def test_cuda_torch_with_nvcc_gives_the_cuda_flavor(monkeypatch, tmp_path, logged):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvcc").write_text("")
+    monkeypatch.delenv("CUTLASS_NN_CUDA_ARCHS", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path))
+    assert bc.choose_flavor(logged.append) == (True, ["90a", "80"])
+    assert logged[0].startswith("building the CUDA flavor for archs 90a;80")
+
+
+def test_bad_arch_is_refused():
+    with pytest.raises(bc.BuildConfigError, match="entry 'sm_90' is not like '90a' or '80'"):
+        bc.parse_archs("sm_90;80")
+
+
+def test_gencode_flags_embed_ptx_of_the_lowest_plain_arch():
+    flags = bc.gencode_flags(["90a", "100", "80"])
+    assert "-gencode=arch=compute_90a,code=sm_90a" in flags
+    assert "-gencode=arch=compute_100,code=sm_100" in flags
+    assert "-gencode=arch=compute_80,code=sm_80" in flags
+    assert flags[-1] == "-gencode=arch=compute_80,code=compute_80"
+
+
+def _fake_cutlass(root, version=("4", "2", "0")):
+    include = root / "include" / "cutlass"
+    include.mkdir(parents=True)
+    (include / "version.h").write_text(
+        "".join(f"#define CUTLASS_{k} {v}\n" for k, v in zip(("MAJOR", "MINOR", "PATCH"), version))
+    )
+
+
+def test_cutlass_dir_is_used_and_its_version_read(monkeypatch, tmp_path, logged):
+    _fake_cutlass(tmp_path, ("4", "3", "1"))
+    monkeypatch.setenv("CUTLASS_DIR", str(tmp_path))
+    includes, version = bc.find_cutlass(logged.append)
+    assert version == "4.3.1"
+    assert includes[0] == str(tmp_path / "include")
+    assert f"CUTLASS_DIR={tmp_path}" in logged[0]
+
+
+def test_cutlass_dir_without_headers_says_what_is_missing(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUTLASS_DIR", str(tmp_path))
+    with pytest.raises(bc.BuildConfigError, match="no CUTLASS headers at .*missing .*version.h"):
+        bc.find_cutlass(lambda msg: None)
+
+
+def test_missing_cutlass_package_says_how_to_get_it(monkeypatch):
+    monkeypatch.delenv("CUTLASS_DIR", raising=False)
+    monkeypatch.setitem(sys.modules, "cutlass_library", None)  # makes the import fail
+    with pytest.raises(bc.BuildConfigError) as info:
+        bc.find_cutlass(lambda msg: None)
+    message = str(info.value)
+    assert "pip install nvidia-cutlass==4.2.0.0" in message
+    assert "CUTLASS_DIR" in message and "CUTLASS_NN_CUDA_ARCHS=none" in message
+
+
+@pytest.mark.parametrize(
+    "version,flag",
+    [("2.11.0+cu130", "-std=c++17"), ("2.13.0+cpu", "-std=c++17"), ("2.14.1", "-std=c++20")],
+)
+def test_cxx_standard_follows_torch(monkeypatch, version, flag):
+    monkeypatch.setattr(torch, "__version__", version)
+    assert bc.cxx_standard() == flag
