@@ -6,9 +6,9 @@
 //
 // Every check raises through TORCH_CHECK (a RuntimeError in Python, like torch.mm's own shape
 // errors), and every message is built from strings only: numbers go through std::to_string and
-// devices through Device::str(). On the GPU machine (torch 2.11, extension built by another GCC
-// than torch) both a c10::ValueError constructed here and a message that streamed an integer
-// through std::ostream crashed the process, while all-string messages thrown by libc10 worked.
+// devices through Device::str(). On the GPU machine (torch 2.11, extension compiled by another
+// GCC than torch) any error message that went through std::ostream inside this library (an
+// integer in c10::str, or an ostringstream) crashed the process; all-string messages work.
 #pragma once
 
 #include <ATen/core/Tensor.h>
