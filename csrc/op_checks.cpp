@@ -2,11 +2,17 @@
 
 #include "validation.h"
 
+#include <string>
+
 namespace cutlass_nn {
 
 void check_linear_args(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias) {
-  const char* op = "linear";
+  check_linear_args("linear", input, weight, bias);
+}
+
+void check_linear_args(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias) {
   check_float_dtype(op, "input", input);
   check_same_dtype(op, "weight", weight, "input", input);
   check_same_device(op, "weight", weight, "input", input);
@@ -98,6 +104,27 @@ void check_add2_args(const at::Tensor& a, const at::Tensor& b) {
   check_same_dtype(op, "b", b, "a", a);
   check_same_device(op, "b", b, "a", a);
   check_same_shape(op, "b", b, "a", a);
+}
+
+kernels::Activation parse_activation(const char* op, c10::string_view activation) {
+  if (activation == "none") return kernels::Activation::kIdentity;
+  if (activation == "relu") return kernels::Activation::kReLU;
+  if (activation == "gelu") return kernels::Activation::kGelu;
+  if (activation == "gelu_tanh") return kernels::Activation::kGeluTanh;
+  const std::string given(activation.data(), activation.size());
+  TORCH_CHECK(false, "cutlass_nn.", op,
+              ": argument 'activation' must be one of \"none\", \"relu\", \"gelu\", "
+              "\"gelu_tanh\", got \"",
+              given, "\"");
+}
+
+void check_activation_grad_args(const at::Tensor& grad_output, const at::Tensor& preact) {
+  const char* op = "activation_grad";
+  check_float_dtype(op, "grad_output", grad_output);
+  check_same_dtype(op, "preact", preact, "grad_output", grad_output);
+  check_same_device(op, "preact", preact, "grad_output", grad_output);
+  check_min_dim(op, "grad_output", grad_output, 1, "[*, features]");
+  check_same_shape(op, "preact", preact, "grad_output", grad_output);
 }
 
 }  // namespace cutlass_nn

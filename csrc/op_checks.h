@@ -3,14 +3,31 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
 
 #include <optional>
+
+#include "kernels/activation_math.h"
 
 namespace cutlass_nn {
 
 // linear(input [*, in], weight [out, in], bias [out]?)
 void check_linear_args(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias);
+
+// The same checks, with the messages naming operator `op` (e.g. "linear_act", "linear_act_aux").
+void check_linear_args(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias);
+
+// The activation names of linear_act / linear_act_aux / activation_grad: "none", "relu", "gelu",
+// "gelu_tanh" (torch.nn.functional.relu, gelu(approximate="none"), gelu(approximate="tanh")).
+// Anything else fails with
+//   cutlass_nn.<op>: argument 'activation' must be one of "none", "relu", "gelu", "gelu_tanh",
+//   got "<activation>"
+kernels::Activation parse_activation(const char* op, c10::string_view activation);
+
+// activation_grad(grad_output [*, features], preact [*, features]): same shape, dtype, device
+void check_activation_grad_args(const at::Tensor& grad_output, const at::Tensor& preact);
 
 // linear_dgrad(grad_output [*, out], weight [out, in])
 void check_linear_dgrad_args(const at::Tensor& grad_output, const at::Tensor& weight);

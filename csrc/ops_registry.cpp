@@ -17,6 +17,7 @@
 #include <torch/library.h>
 
 #include <string>
+#include <vector>
 
 #ifdef CUTLASS_NN_WITH_CUDA
 #include "cuda/gemm_binding.h"
@@ -67,6 +68,28 @@ static bool set_force_sm80(bool enable) {
 #endif
 }
 
+// Force one SM90 tile configuration (index into gemm_configs(), -1 = the per-shape rule) and a
+// tile-scheduler swizzle (0 = the rule's choice); returns the previous [config, swizzle]. For the
+// benchmark's configuration sweep and the dispatch tests.
+static std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle) {
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::set_gemm_config(config, swizzle);
+#else
+  (void)config;
+  (void)swizzle;
+  return {-1, 0};
+#endif
+}
+
+// Names of the SM90 tile configurations, one per line, in index order ("" in the CPU flavor).
+static std::string gemm_configs() {
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::gemm_config_names();
+#else
+  return "";
+#endif
+}
+
 static std::string last_kernel_name() {
 #ifdef CUTLASS_NN_WITH_CUDA
   return cuda::last_kernel_name();
@@ -98,9 +121,27 @@ TORCH_LIBRARY(cutlass_nn, m) {
   // elementwise a + b for same-shape tensors
   m.def("add2(Tensor a, Tensor b) -> Tensor", tags);
 
+  // Linear layer with a fused activation: out = act(input @ weight.T + bias), act one of
+  // "none", "relu", "gelu", "gelu_tanh" (torch.nn.functional.gelu approximate="none" / "tanh").
+  m.def("linear_act(Tensor input, Tensor weight, Tensor? bias, str activation) -> Tensor", tags);
+  // The same, also returning the pre-activation z = input @ weight.T + bias that the backward
+  // needs: (out, z). The autograd path of cutlass_nn.functional.linear(activation=...) uses it.
+  m.def(
+      "linear_act_aux(Tensor input, Tensor weight, Tensor? bias, str activation) -> "
+      "(Tensor, Tensor)",
+      tags);
+  // grad_preact = grad_output * act'(preact); with bias_grad, also its sum over all leading dims
+  // (the bias gradient) from the same pass, else an empty [0] tensor: -> (grad_preact, grad_bias)
+  m.def(
+      "activation_grad(Tensor grad_output, Tensor preact, str activation, bool bias_grad) -> "
+      "(Tensor, Tensor)",
+      tags);
+
   m.def("build_info() -> str", &build_info);
   m.def("_set_force_sm80(bool enable) -> bool", &set_force_sm80);
   m.def("_last_kernel_name() -> str", &last_kernel_name);
+  m.def("_set_gemm_config(int config, int swizzle) -> int[]", &set_gemm_config);
+  m.def("_gemm_configs() -> str", &gemm_configs);
 }
 
 }  // namespace cutlass_nn

@@ -3,7 +3,10 @@
 Usage::
 
     python -m cutlass_nn.bench [--quick] [--out DIR] [--dtypes bf16,fp16,fp32]
-                               [--what fwd,sm80,dgrad,wgrad,fwdbwd,add2,fp32]
+                               [--what fwd,sm80,dgrad,wgrad,fwdbwd,linact,add2,fp32]
+                               [--budget-ms MS] [--time-limit S]
+    python -m cutlass_nn.bench --sweep [--sweep-shapes MxNxK,...] [--sweep-swizzles 1,4]
+                               [--what fwd,dgrad,wgrad] [--budget-ms MS] [--out DIR]
 
 Each row is one problem (an operation, a precision, a shape) timed twice in the same process:
 "ours" (the cutlass_nn operator) and "base" (the PyTorch expression it replaces). Method, in the
@@ -24,16 +27,23 @@ order it happens (benchmarks/README.md says why):
 
 Any exception in a row is caught, printed and recorded in the JSON, and the run goes on. Results:
 a JSON file (device, versions, date, command, peaks, every row) rewritten after each row, a PNG
-plot, and a compact table printed last.
+plot, and a compact table printed last, then the summary with the issue's targets (PASS / MISS).
 
-Exit codes: 0 every row ok (or skipped), 3 the run finished but some rows are FAIL / error,
-2 no CUDA device or no CUDA kernels (or bad arguments), 130 interrupted.
+``--sweep`` forces each SM90 tile configuration (``torch.ops.cutlass_nn._set_gemm_config``) with
+each swizzle asked for, checks it like a row, then times all that passed and the baseline in the
+same interleaved repetitions; it writes ``sweep_*.json`` and prints the best per shape and op.
+
+Exit codes: 0 every row ok (or skipped), 3 the run finished but some rows are FAIL / error
+(--sweep: the automatic rule's own configuration failed somewhere; a forced configuration that
+cannot run a shape is expected), 2 no CUDA device or no CUDA kernels (or bad arguments, or no
+configuration override for --sweep), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import gc
 import itertools
 import json
@@ -49,7 +59,7 @@ import traceback
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -88,21 +98,44 @@ QUICK_SHAPES: list[tuple[int, int, int]] = [
     (16, 8192, 8192),
     (16384, 4093, 4091),
 ]
-FP32_SHAPES: list[tuple[int, int, int]] = [(4096, 4096, 4096), (8192, 8192, 8192)]
+# The float32 subset, each shape twice: "tf32" (TF32 allowed, matmul precision "high") and "fp32"
+# (matmul precision "highest": cuBLAS runs IEEE float32, cutlass_nn a 3xTF32 kernel).
+FP32_SHAPES: list[tuple[int, int, int]] = [
+    (8192, 8192, 8192),
+    (4096, 4096, 4096),
+    (2048, 11008, 4096),
+    (16384, 4093, 4091),
+]
+FP32_QUICK_SHAPES: list[tuple[int, int, int]] = [(4096, 4096, 4096)]  # "highest" only
+# Linear + bias + GELU(tanh), forward+backward: every GEMM shape whose N and K are multiples of 8.
+LINACT_SHAPES: list[tuple[int, int, int]] = [
+    s for s in GEMM_SHAPES if s[1] % 8 == 0 and s[2] % 8 == 0
+]
+LINACT_QUICK_SHAPES: list[tuple[int, int, int]] = [(16384, 4096, 4096), (2048, 11008, 4096)]
+LINACT_ACTIVATION = "gelu_tanh"  # cutlass_nn's name of F.gelu(approximate="tanh")
 ADD2_SIZES: list[int] = [1 << 20, 1 << 24, 1 << 28]  # 1M, 16M, 256M elements
 SMALL_M = 128  # rows with M <= this are "small M" in the summary
 
 # GEMM operations: "sm80" is the forward inside ops.force_sm80_kernels() (CUTLASS 2.x kernels).
 GEMM_OPS = ("fwd", "sm80", "dgrad", "wgrad", "fwdbwd")
+# linact: one row per baseline of CutlassLinear(activation="gelu_tanh") forward+backward: eager
+# nn.Sequential(nn.Linear, nn.GELU("tanh")), and torch.compile of that Sequential.
+LINACT_OPS = ("eager", "compile")
 ADD2_OPS = ("fwd", "fwdbwd")
-WHAT_ITEMS = (*GEMM_OPS, "add2", "fp32")
+WHAT_ITEMS = (*GEMM_OPS, "linact", "add2", "fp32")
 OP_TITLES = {
     "fwd": "fwd",
     "sm80": "fwd sm80",
     "dgrad": "dgrad",
     "wgrad": "wgrad",
     "fwdbwd": "fwd+bwd",
+    "eager": "vs eager",
+    "compile": "vs compile",
 }
+# --sweep: the operations and default swizzles timed for every SM90 tile configuration
+SWEEP_OPS = ("fwd", "dgrad", "wgrad")
+SWEEP_SWIZZLES = (1, 4)
+AUTO_CONFIG = (-1, 0)  # config -1: the per-shape rule; swizzle 0: the rule's choice
 
 
 @dataclass(frozen=True)
@@ -144,11 +177,24 @@ QUICK = Settings(
     budget_ms=25, min_reps=5, max_reps=200, warmup=2, row_cap_ms=1500, time_limit_s=100
 )
 FULL = Settings(
-    budget_ms=300, min_reps=10, max_reps=1000, warmup=3, row_cap_ms=4000, time_limit_s=380
+    budget_ms=300, min_reps=10, max_reps=1000, warmup=3, row_cap_ms=4000, time_limit_s=450
 )
+# --sweep: budget_ms and row_cap_ms are per timed configuration (see scale_settings); one
+# (shape, op) times all its configurations and the baseline in the same repetitions.
+SWEEP = Settings(budget_ms=40, min_reps=5, max_reps=200, warmup=2, row_cap_ms=600, time_limit_s=240)
+
+
+def scale_settings(settings: Settings, n_timed: int) -> Settings:
+    """The settings of one sweep timing that interleaves ``n_timed`` configurations with the
+    baseline: the budget and the row cap grow with the number of configurations, so each gets
+    about ``budget_ms`` of GPU time whatever their number."""
+    n = max(n_timed, 1)
+    return replace(settings, budget_ms=settings.budget_ms * n, row_cap_ms=settings.row_cap_ms * n)
+
 
 DEFAULT_L2_BYTES = 50 * 2**20  # H100 / H200; the device's own value is used when torch reports it
 SAMPLE = 256  # rows / columns of the float64-checked submatrix (elements x 256 for 1-D outputs)
+REF_CHUNK_ELEMENTS = 1 << 25  # float64 reference products go through x in chunks of this size
 
 
 class SkipRow(Exception):
@@ -183,8 +229,9 @@ def time_stats(ms: Sequence[float]) -> dict[str, float]:
 
 
 def gemm_flops(op: str, m: int, n: int, k: int) -> int:
-    """2*M*N*K per GEMM; forward+backward is 3 GEMMs (y, dX, dW). Bias work is not counted."""
-    return (3 if op == "fwdbwd" else 1) * 2 * m * n * k
+    """2*M*N*K per GEMM; forward+backward is 3 GEMMs (y, dX, dW), and so is a linact row (its
+    ops name the baseline). Bias and activation work is not counted."""
+    return (3 if op in ("fwdbwd", *LINACT_OPS) else 1) * 2 * m * n * k
 
 
 def add2_bytes(numel: int, element_size: int) -> int:
@@ -244,6 +291,20 @@ def gemm_memory_bytes(op: str, m: int, n: int, k: int, es: int, n_sets: int) -> 
     return es * (n_sets * gemm_input_bytes(op, m, n, k, 1) + 3 * outputs) + outputs  # + bool mask
 
 
+def linact_input_bytes(m: int, n: int, k: int, es: int) -> int:
+    """One input set of a linact row: x, W, b and the incoming gradient dY."""
+    return es * (m * k + n * k + n + m * n)
+
+
+def linact_memory_bytes(m: int, n: int, k: int, es: int, n_sets: int) -> int:
+    """A generous estimate for a linact row: the input sets; per side y, the saved
+    pre-activation, its gradient, dX, dW, db (ours' and base's alive together, plus one spare);
+    the float64 reference (256 full rows and columns of the pre-activation, a chunk of x)."""
+    per_side = 3 * m * n + m * k + n * k + n
+    ref64 = 8 * (4 * SAMPLE * (m + n + k) + REF_CHUNK_ELEMENTS)
+    return es * (n_sets * (m * k + n * k + n + m * n) + 3 * per_side) + ref64
+
+
 def add2_memory_bytes(op: str, numel: int, es: int, n_sets: int) -> int:
     per_set = (2 if op == "fwd" else 3) * numel
     outputs = (1 if op == "fwd" else 3) * numel
@@ -257,10 +318,10 @@ def add2_memory_bytes(op: str, numel: int, es: int, n_sets: int) -> int:
 
 @dataclass(frozen=True)
 class RowSpec:
-    """One row to measure. ``shape`` is (M, N, K) for "gemm", (numel,) for "add2"."""
+    """One row to measure. ``shape`` is (M, N, K) for "gemm" and "linact", (numel,) for "add2"."""
 
-    group: str  # "gemm" | "add2"
-    op: str  # GEMM_OPS or ADD2_OPS
+    group: str  # "gemm" | "linact" | "add2"
+    op: str  # GEMM_OPS, LINACT_OPS (the baseline) or ADD2_OPS
     precision: str  # PRECISIONS key ("fp32" = IEEE float32 for GEMMs, plain float32 for add2)
     shape: tuple[int, ...]
 
@@ -271,7 +332,7 @@ class RowSpec:
     def meta(self) -> dict[str, Any]:
         """The row's identity and work, the first fields of its JSON record."""
         es = torch.empty((), dtype=PRECISIONS[self.precision].dtype).element_size()
-        if self.group == "gemm":
+        if self.group in ("gemm", "linact"):
             m, n, k = self.shape
             unit, work = "TFLOP/s", gemm_flops(self.op, m, n, k)
         else:
@@ -289,24 +350,32 @@ class RowSpec:
 
 
 def plan_rows(quick: bool, dtypes: Sequence[str], what: Sequence[str]) -> list[RowSpec]:
-    """The rows of a run, most important first (the run time limit skips the tail):
-    16-bit GEMMs, add2, then the float32 GEMM subset (TF32, then IEEE)."""
+    """The rows of a run, most important and most predictable first (the run time limit skips
+    the tail): 16-bit GEMMs (bf16, then fp16), add2, float32 "highest" GEMMs, linact (bf16; its
+    torch.compile baseline compiles first), then the TF32 GEMMs (no target). ``--quick``: fewer
+    shapes, add2 in bf16 only, float32 only "highest" at 4096^3."""
     gemm_ops = [op for op in GEMM_OPS if op in what]
+    fp32_ops = gemm_ops or list(GEMM_OPS)  # the GEMM ops asked for, or all when --what named none
+    fp32 = "fp32" in what and "fp32" in dtypes
     rows: list[RowSpec] = []
     for prec in ("bf16", "fp16"):
         if prec in dtypes:
             for shape in QUICK_SHAPES if quick else GEMM_SHAPES:
                 rows += [RowSpec("gemm", op, prec, shape) for op in gemm_ops]
     if "add2" in what:
-        for prec in ("bf16", "fp32"):
+        for prec in ("bf16",) if quick else ("bf16", "fp32"):
             if prec in dtypes:
                 for numel in ADD2_SIZES:
                     rows += [RowSpec("add2", op, prec, (numel,)) for op in ADD2_OPS]
-    if "fp32" in what and "fp32" in dtypes:
-        # the GEMM operations asked for, or all of them when --what named none
-        for prec in ("tf32", "fp32"):
-            for shape in FP32_SHAPES:
-                rows += [RowSpec("gemm", op, prec, shape) for op in gemm_ops or GEMM_OPS]
+    if fp32:
+        for shape in FP32_QUICK_SHAPES if quick else FP32_SHAPES:
+            rows += [RowSpec("gemm", op, "fp32", shape) for op in fp32_ops]
+    if "linact" in what and "bf16" in dtypes:
+        for shape in LINACT_QUICK_SHAPES if quick else LINACT_SHAPES:
+            rows += [RowSpec("linact", op, "bf16", shape) for op in LINACT_OPS]
+    if fp32 and not quick:
+        for shape in FP32_SHAPES:
+            rows += [RowSpec("gemm", op, "tf32", shape) for op in fp32_ops]
     return rows
 
 
@@ -582,6 +651,149 @@ def _fwdbwd_case(m, n, k, prec, rnd, n_sets, sample_gen, device, context) -> Cas
     return Case(fns=fns, check=check, n_sets=n_sets, context=context)
 
 
+def make_linact_module(in_features: int, out_features: int, dtype: torch.dtype) -> nn.Module:
+    """``cutlass_nn.CutlassLinear(..., activation="gelu_tanh")`` on the meta device (the caller
+    gives it real parameters). SkipRow when this cutlass_nn has no ``activation`` argument."""
+    try:
+        return cutlass_nn.CutlassLinear(
+            in_features,
+            out_features,
+            bias=True,
+            device="meta",
+            dtype=dtype,
+            activation=LINACT_ACTIVATION,
+        )
+    except TypeError as exc:
+        raise SkipRow(
+            "skipped: this cutlass_nn has no CutlassLinear(activation=...) "
+            f"({_first_line(exc, 150)})"
+        ) from exc
+
+
+def compile_baseline(module: nn.Module) -> Callable[[Tensor], Tensor]:
+    """The torch.compile baseline of a linact row: default mode, static shapes (one compile per
+    shape, the fastest code inductor makes for it)."""
+    return torch.compile(module, dynamic=False)
+
+
+def gelu_tanh_reference(
+    x: Tensor, w: Tensor, b: Tensor, dy: Tensor, rm: Tensor, cn: Tensor, ck: Tensor
+) -> dict[str, tuple[Tensor, Tensor | None, Tensor]]:
+    """Float64 reference of ``y = gelu_tanh(x @ w.T + b)`` and of its gradients for the
+    incoming gradient ``dy``, on sampled elements: ``{name: (ref64, rows, cols)}`` for y [rm, cn],
+    dx [rm, ck], dw [cn, ck] and db [cn]. dx needs the pre-activation of the sampled rows over all
+    N columns, dw and db that of all M rows over the sampled columns."""
+    x, w, b, dy = x.detach(), w.detach(), b.detach(), dy.detach()
+    m, k = x.shape
+    n = w.shape[0]
+    z_rows = sampled_mm(x, w.t(), rm, torch.arange(n, device=x.device)) + b.double()  # [r, N]
+    dz_rows = torch.ops.aten.gelu_backward(
+        dy.index_select(0, rm).double(), z_rows, approximate="tanh"
+    )
+    w_cols = w.index_select(0, cn).double()  # [c, K]
+    chunk = max(1, REF_CHUNK_ELEMENTS // max(k, 1))
+    z_cols = (
+        torch.cat([x[i : i + chunk].double() @ w_cols.t() for i in range(0, m, chunk)])
+        + b.index_select(0, cn).double()
+    )  # [M, c]
+    dz_cols = torch.ops.aten.gelu_backward(
+        dy.index_select(1, cn).double(), z_cols, approximate="tanh"
+    )
+    return {
+        "y": (F.gelu(z_rows.index_select(1, cn), approximate="tanh"), rm, cn),
+        "dx": (dz_rows @ w.index_select(1, ck).double(), rm, ck),
+        "dw": (dz_cols.t() @ x.index_select(1, ck).double(), cn, ck),
+        "db": (dz_cols.sum(0), None, cn),
+    }
+
+
+def build_linact_case(
+    op: str,
+    m: int,
+    n: int,
+    k: int,
+    prec: Precision,
+    *,
+    l2_bytes: int = DEFAULT_L2_BYTES,
+    device="cuda",
+    seed: int = 0,
+) -> Case:
+    """Linear + bias + GELU(tanh), forward+backward: ours is ``CutlassLinear(K, N,
+    activation="gelu_tanh")``, the baseline ``nn.Sequential(nn.Linear, nn.GELU("tanh"))`` run
+    eagerly (op "eager") or through ``torch.compile`` (op "compile"), all three sharing the same
+    parameters. One step = zero the gradients (set_to_none), forward, backward(dY)."""
+    if op not in LINACT_OPS:
+        raise ValueError(f"unknown linact op {op!r}")
+    dtype = prec.dtype
+    es = torch.empty((), dtype=dtype).element_size()
+    n_sets = rotation_sets(linact_input_bytes(m, n, k, es), l2_bytes)
+    guard_memory(linact_memory_bytes(m, n, k, es, n_sets), device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    sample_gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int) -> Tensor:
+        return torch.randn(shape, dtype=dtype, device=device, generator=gen)
+
+    if op == "compile":
+        from torch import _dynamo  # heavy: imported only when a compile row runs
+
+        _dynamo.reset()  # a fresh cache per row: no recompile limit, no dynamic shapes
+    sets = []
+    for _ in range(n_sets):
+        ours = make_linact_module(k, n, dtype)
+        lin = nn.Linear(k, n, bias=True, device="meta", dtype=dtype)
+        lin.weight = nn.Parameter(rnd(n, k))
+        lin.bias = nn.Parameter(rnd(n))
+        ours.weight, ours.bias = lin.weight, lin.bias  # shared, as the baseline's
+        eager = nn.Sequential(lin, nn.GELU(approximate="tanh"))
+        sets.append(
+            SimpleNamespace(
+                x=rnd(m, k).requires_grad_(True),
+                dy=rnd(m, n),
+                lin=lin,
+                ours=ours,
+                base=eager if op == "eager" else compile_baseline(eager),
+            )
+        )
+
+    def zero(s) -> None:
+        s.lin.zero_grad(set_to_none=True)  # the parameters of all three modules
+        s.x.grad = None
+
+    def step(s, module) -> None:
+        zero(s)
+        module(s.x).backward(s.dy)
+
+    def check() -> dict:
+        s = sets[0]
+        got = {}
+        for name in ("base", "ours"):  # ours last: kernel_name() then names its last GEMM
+            if name == "ours":
+                poison([m * n, m * n, m * k, n * k], dtype, device)
+            zero(s)
+            y = getattr(s, name)(s.x)
+            y.backward(s.dy)
+            got[name] = {"y": y.detach(), "dx": s.x.grad, "dw": s.lin.weight.grad}
+            got[name]["db"] = s.lin.bias.grad
+        zero(s)
+        rm = sample_index(m, SAMPLE, sample_gen, device)
+        cn = sample_index(n, SAMPLE, sample_gen, device)
+        ck = sample_index(k, SAMPLE, sample_gen, device)
+        refs = gelu_tanh_reference(s.x, s.lin.weight, s.lin.bias, s.dy, rm, cn, ck)
+        items = {key: (got["ours"][key], got["base"][key], *ref) for key, ref in refs.items()}
+        result = compare_outputs(items, prec.floor)
+        for other in sets[1:]:  # compile (and warm) the baseline on every input set now
+            step(other, other.base)
+            zero(other)
+        return result
+
+    fns = {
+        "ours": lambda i: step(sets[i], sets[i].ours),
+        "base": lambda i: step(sets[i], sets[i].base),
+    }
+    return Case(fns=fns, check=check, n_sets=n_sets, context=lambda: precision_context(prec))
+
+
 def build_add2_case(
     op: str,
     numel: int,
@@ -653,6 +865,10 @@ def build_case(spec: RowSpec, *, l2_bytes: int = DEFAULT_L2_BYTES, device="cuda"
         return build_gemm_case(
             spec.op, *spec.shape, prec, l2_bytes=l2_bytes, device=device, seed=seed
         )
+    if spec.group == "linact":
+        return build_linact_case(
+            spec.op, *spec.shape, prec, l2_bytes=l2_bytes, device=device, seed=seed
+        )
     return build_add2_case(
         spec.op, spec.shape[0], prec, l2_bytes=l2_bytes, device=device, seed=seed
     )
@@ -674,6 +890,12 @@ class CudaTimer:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.cycles_per_ms = self._calibrate_sleep()
+
+    def with_settings(self, settings: Settings) -> CudaTimer:
+        """The same timer (sleep calibration included) with other settings."""
+        other = copy.copy(self)
+        other.settings = settings
+        return other
 
     @staticmethod
     def _calibrate_sleep() -> float | None:
@@ -805,7 +1027,7 @@ def run_row(meta: dict, build: Callable[[], Case], timer: Timer, peak: float | N
 def peak_for(meta: dict, peaks: dict) -> float | None:
     """The measured ceiling a row is compared with: torch.mm at 8192^3 in the row's precision
     for GEMMs, the device-to-device copy for add2."""
-    if meta["group"] == "gemm":
+    if meta["group"] in ("gemm", "linact"):
         return (peaks.get("mm_tflops") or {}).get(meta["precision"])
     return peaks.get("copy_gbps")
 
@@ -903,13 +1125,434 @@ def measure_peaks(timer: Timer, precisions: Sequence[str], device="cuda") -> dic
 
 
 # ---------------------------------------------------------------------------------------------
+# --sweep: every SM90 tile configuration (and tile-scheduler swizzle) of each GEMM shape
+# ---------------------------------------------------------------------------------------------
+
+SetConfig = Callable[[int, int], list[int]]
+
+
+def parse_config_names(text: str) -> list[str]:
+    """The names of ``torch.ops.cutlass_nn._gemm_configs()``: one per line, a configuration's
+    index is its line number ("" in the CPU flavor: no configuration)."""
+    return [line.strip() for line in text.splitlines()]
+
+
+def gemm_config_api() -> tuple[list[str], SetConfig]:
+    """The configuration names and the setter ``set_config(config, swizzle)`` (returns the
+    previous ``[config, swizzle]``). RuntimeError when this build has no such operators."""
+    namespace = torch.ops.cutlass_nn
+    try:
+        text = namespace._gemm_configs()
+        setter = namespace._set_gemm_config
+    except (AttributeError, RuntimeError) as exc:
+        raise RuntimeError(
+            "this cutlass_nn build has no configuration override "
+            f"(torch.ops.cutlass_nn._gemm_configs / _set_gemm_config): {_first_line(exc)}"
+        ) from exc
+
+    def set_config(config: int, swizzle: int) -> list[int]:
+        return [int(v) for v in setter(int(config), int(swizzle))]
+
+    return parse_config_names(text), set_config
+
+
+def sweep_variants(n_configs: int, swizzles: Sequence[int]) -> list[tuple[int, int]]:
+    """(config, swizzle) pairs of a sweep: the automatic rule first, then every configuration
+    with every swizzle asked for."""
+    return [AUTO_CONFIG] + [(c, s) for c in range(n_configs) for s in swizzles]
+
+
+def variant_key(config: int, swizzle: int) -> str:
+    """ "auto" for the rule's own choice, else e.g. "c3/s4" (config 3, swizzle 4)."""
+    if (config, swizzle) == AUTO_CONFIG:
+        return "auto"
+    return f"{'auto' if config < 0 else f'c{config}'}/s{swizzle}"
+
+
+def sweep_plan(
+    dtypes: Sequence[str], shapes: Sequence[tuple[int, int, int]], ops_: Sequence[str]
+) -> list[tuple[str, tuple[int, int, int], str]]:
+    """(precision, shape, op) of each timed group of a sweep, in order."""
+    return [(p, shape, op) for p in dtypes for shape in shapes for op in ops_]
+
+
+def _with_config(set_config: SetConfig, config: int, swizzle: int, fn: Callable[[int], Any]):
+    def run(i: int) -> Any:
+        set_config(config, swizzle)  # host state only: read by the next launch
+        return fn(i)
+
+    return run
+
+
+def run_sweep_group(
+    case: Case,
+    variants: Sequence[tuple[int, int]],
+    set_config: SetConfig,
+    timer_for: Callable[[int], Timer],
+    *,
+    kernel_name: Callable[[], str] = ops.last_kernel_name,
+    healthy: Callable[[], bool] = lambda: True,
+) -> tuple[list[dict], dict | None, bool]:
+    """One (shape, op) of the sweep. Each variant (config, swizzle) is forced and checked like a
+    row (a configuration that cannot run the shape raises: status "error" with the message's first
+    line; a wrong result: "FAIL"); then the baseline and every variant that passed are timed
+    together, interleaved (``timer_for(n_variants)``). The configuration in force before is
+    restored at the end, also after an error. Returns (entries, baseline stats or None, whether
+    the CUDA context is still usable)."""
+    entries: list[dict] = []
+    base_stats = None
+    previous: list[int] | None = None
+    context_ok = True
+    try:
+        with case.context():
+            for config, swizzle in variants:
+                entry = {
+                    "config": config,
+                    "swizzle": swizzle,
+                    "key": variant_key(config, swizzle),
+                    "status": "error",
+                    "note": "",
+                }
+                entries.append(entry)
+                if not context_ok:
+                    entry["status"] = "skipped"
+                    entry["note"] = "skipped: the CUDA context is unusable after an earlier error"
+                    continue
+                try:
+                    prev = set_config(config, swizzle)
+                    if previous is None:
+                        previous = prev
+                    check = case.check()
+                    entry["kernel"] = kernel_name()  # ours ran last in the check
+                    entry["err_ours"], entry["err_torch"] = worst_errors({"check": check})
+                    entry["status"] = "ok" if check["ok"] else "FAIL"
+                    if not check["ok"]:
+                        entry["note"] = f"wrong result, not timed: {check['summary']}"[:300]
+                except Exception as exc:
+                    entry["status"] = "error"
+                    entry["note"] = _first_line(exc)
+                    context_ok = healthy()
+            timed = [e for e in entries if e["status"] == "ok"]
+            if timed and context_ok:
+                fns: dict[str, Callable[[int], Any]] = {"base": case.fns["base"]}
+                for e in timed:
+                    fns[e["key"]] = _with_config(
+                        set_config, e["config"], e["swizzle"], case.fns["ours"]
+                    )
+                try:
+                    times = timer_for(len(timed))(fns, case.n_sets)
+                except Exception as exc:
+                    for e in timed:
+                        e["status"] = "error"
+                        e["note"] = f"while timing: {_first_line(exc)}"
+                    context_ok = healthy()
+                else:
+                    base_stats = time_stats(times["base"])
+                    for e in timed:
+                        e["ours"] = time_stats(times[e["key"]])
+                        o = e["ours"]["median_ms"]
+                        e["ratio"] = base_stats["median_ms"] / o if o > 0 else math.nan
+    finally:
+        if previous is not None:
+            try:
+                set_config(*previous)
+            except Exception:
+                if context_ok:  # with a broken context, the error that broke it matters more
+                    raise
+    return entries, base_stats, context_ok
+
+
+def finish_sweep_entries(
+    ident: dict, entries: Sequence[dict], base: dict | None, names: Sequence[str]
+) -> list[dict]:
+    """The JSON rows of one sweep group: identity (precision, op, shape, label, work), the
+    configuration's name, the shared baseline statistics, and ours' rate."""
+    rows = []
+    for e in entries:
+        row = dict(ident, **e)
+        row["config_name"] = (
+            "auto" if e["config"] < 0 else (names[e["config"]] if e["config"] < len(names) else "?")
+        )
+        if base is not None and "ours" in e:
+            row["base"] = base
+            row["ours_rate"] = rate(ident["work"], e["ours"]["median_ms"], "TFLOP/s")
+            row["base_rate"] = rate(ident["work"], base["median_ms"], "TFLOP/s")
+        rows.append(row)
+    return rows
+
+
+def sweep_best(rows: Sequence[dict]) -> list[dict]:
+    """Per (precision, shape, op): the fastest measured variant (largest ratio) and the ratio and
+    kernel of the automatic rule, for comparison."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["precision"], r["label"], r["op"])].append(r)
+    out = []
+    for (prec, label, op), rs in groups.items():
+        measured = [r for r in rs if _good_ratio(r) is not None]
+        auto = next((r for r in rs if r["key"] == "auto"), None)
+        best = max(measured, key=lambda r: r["ratio"]) if measured else None
+        out.append(
+            {
+                "precision": prec,
+                "label": label,
+                "op": op,
+                "config": None if best is None else best["config"],
+                "swizzle": None if best is None else best["swizzle"],
+                "config_name": None if best is None else best["config_name"],
+                "kernel": None if best is None else best.get("kernel"),
+                "ratio": None if best is None else best["ratio"],
+                "ours_median_ms": None if best is None else best["ours"]["median_ms"],
+                "auto_ratio": None if auto is None else _good_ratio(auto),
+                "auto_kernel": None if auto is None else auto.get("kernel"),
+                "n_measured": len(measured),
+            }
+        )
+    return out
+
+
+_STATUS_CELL = {"FAIL": "FAIL", "error": "ERR", "skipped": "skip"}
+
+
+def format_sweep_table(rows: Sequence[dict], names: Sequence[str], width: int = 6) -> list[str]:
+    """The sweep as a table: one line per (precision, shape, op), one column per configuration
+    ("auto" = the rule's choice, then c0, c1, ...); a cell is the best ratio (torch time / ours
+    time) over the swizzles tried, or ERR / FAIL / skip when none of them was measured."""
+    lines = []
+    legend = [f"c{i} {name}" for i, name in enumerate(names)]
+    line = "configs:"
+    for item in legend:
+        if len(line) + len(item) + 3 > 190:
+            lines.append(line)
+            line = "        "
+        line += f" {item} |"
+    lines.append(line.rstrip(" |"))
+    columns = ["auto"] + [f"c{i}" for i in range(len(names))]
+    lines.append(
+        "sweep: ratio = torch time / ours time, best over the swizzles tried (>1: ours faster)"
+    )
+    lines.append(
+        f"{'prec':<5} {'M x N x K':<18} {'op':<5} {'torch ms':>8}"
+        + "".join(f"{c:>{width}}" for c in columns)
+    )
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["precision"], r["label"], r["op"])].append(r)
+    for (prec, label, op), rs in groups.items():
+        base = next((r["base"]["median_ms"] for r in rs if r.get("base")), None)
+        cells = []
+        for i, _ in enumerate(columns):
+            config = -1 if i == 0 else i - 1
+            mine = [r for r in rs if r["config"] == config]
+            ratios = [v for v in (_good_ratio(r) for r in mine) if v is not None]
+            if ratios:
+                text = f"{max(ratios):.3f}"
+            elif not mine:
+                text = "-"
+            else:
+                statuses = {r.get("status") for r in mine}
+                status = next((s for s in ("FAIL", "error", "skipped") if s in statuses), "?")
+                text = _STATUS_CELL.get(status, "?")
+            cells.append(text.rjust(width))
+        lines.append(f"{prec:<5} {label:<18} {op:<5} {_fmt(base, '8.4f'):>8}" + "".join(cells))
+    return lines
+
+
+def format_sweep_best(best: Sequence[dict]) -> list[str]:
+    """One line per (precision, shape, op): the best configuration and swizzle vs the rule's."""
+    lines = ["best configuration per shape and op (ratio = torch time / ours time):"]
+    for b in best:
+        head = f"  {b['precision']} {b['label']} {b['op']}:"
+        if b["config"] is None:
+            lines.append(f"{head} nothing measured")
+            continue
+        auto = f"auto {_fmt(b['auto_ratio'])} {b.get('auto_kernel') or ''}".strip()
+        line = (
+            f"{head} {variant_key(b['config'], b['swizzle'])} {b['config_name']} "
+            f"ratio {_fmt(b['ratio'])} ({auto})"
+        )
+        lines.append(line[:200])
+    return lines
+
+
+def format_sweep_progress(i: int, total: int, rows: Sequence[dict], elapsed_s: float) -> str:
+    """One line per finished sweep group."""
+    if not rows:
+        return f"[{i + 1:3d}/{total} {elapsed_s:5.0f}s] (no variants)"
+    r0 = rows[0]
+    head = (
+        f"[{i + 1:3d}/{total} {elapsed_s:5.0f}s] {r0['precision']} {r0['op']:<5} {r0['label']:<18}"
+    )
+    (best,) = sweep_best(rows)
+    counts = Counter(r.get("status") for r in rows)
+    base = next((r["base"]["median_ms"] for r in rows if r.get("base")), None)
+    parts = [f"torch {_fmt(base, '.4f')} ms", f"auto {_fmt(best['auto_ratio'])}"]
+    if best["config"] is not None:
+        parts.append(f"best {variant_key(best['config'], best['swizzle'])} {_fmt(best['ratio'])}")
+    parts.append(", ".join(f"{n} {s}" for s, n in counts.items()))
+    if counts.get("skipped") == len(rows) or counts.get("error") == len(rows):
+        parts.append(str(r0.get("note", "")))
+    return f"{head} " + "; ".join(parts)[:200]
+
+
+# ---------------------------------------------------------------------------------------------
 # Summary, table, JSON, plot (pure; tested on the CPU)
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Target:
+    """One performance target of the issue: the ``reduce`` ("geomean" or "min") of the ratios of
+    the rows it selects must be >= ``threshold``."""
+
+    key: str  # its key in summary["targets"]
+    title: str
+    group: str
+    ops: tuple[str, ...]
+    precisions: tuple[str, ...]
+    reduce: str
+    threshold: float
+    max_m: int | None = None  # GEMM rows with M <= max_m only
+    min_numel: int = 0  # add2 rows with at least this many elements only
+
+    def selects(self, row: dict) -> bool:
+        shape = row.get("shape") or [0]
+        return (
+            row.get("group") == self.group
+            and row.get("op") in self.ops
+            and row.get("precision") in self.precisions
+            and (self.max_m is None or shape[0] <= self.max_m)
+            and shape[0] >= self.min_numel
+        )
+
+
+TARGETS: tuple[Target, ...] = (
+    *(
+        Target(f"{p}_fwd_geomean", f"{p} fwd geomean", "gemm", ("fwd",), (p,), "geomean", 1.00)
+        for p in ("bf16", "fp16")
+    ),
+    *(
+        Target(f"{p}_fwd_min", f"{p} fwd min", "gemm", ("fwd",), (p,), "min", 0.90)
+        for p in ("bf16", "fp16")
+    ),
+    *(
+        Target(
+            f"{p}_fwdbwd_geomean",
+            f"{p} fwd+bwd geomean",
+            "gemm",
+            ("fwdbwd",),
+            (p,),
+            "geomean",
+            1.00,
+        )
+        for p in ("bf16", "fp16")
+    ),
+    Target(
+        "small_m_fwdbwd_min",
+        f"small-M (M<={SMALL_M}) fwd+bwd min",
+        "gemm",
+        ("fwdbwd",),
+        ("bf16", "fp16"),
+        "min",
+        1.5,
+        max_m=SMALL_M,
+    ),
+    Target(
+        "linact_eager_geomean",
+        "linact vs eager geomean",
+        "linact",
+        ("eager",),
+        ("bf16", "fp16"),
+        "geomean",
+        1.10,
+    ),
+    Target(
+        "linact_compile_geomean",
+        "linact vs compile geomean",
+        "linact",
+        ("compile",),
+        ("bf16", "fp16"),
+        "geomean",
+        1.03,
+    ),
+    Target(
+        "add2_16m_256m_min",
+        "add2 16M/256M min",
+        "add2",
+        ADD2_OPS,
+        ("bf16", "fp32"),
+        "min",
+        0.95,
+        min_numel=1 << 24,
+    ),
+    Target(
+        "fp32_highest_geomean",
+        "fp32 highest vs cuBLAS geomean",
+        "gemm",
+        ("fwd", "dgrad", "wgrad", "fwdbwd"),
+        ("fp32",),
+        "geomean",
+        2.0,
+    ),
+)
+
+
+def evaluate_targets(rows: Sequence[dict], targets: Sequence[Target] = TARGETS) -> dict:
+    """``{key: record}`` for each target: the value over the rows that were measured (status ok),
+    the status PASS (value >= threshold and no selected row FAILed or errored), MISS, or "n/a"
+    (no selected row was measured), the row counts, and for "min" the worst row."""
+    out = {}
+    for t in targets:
+        sel = [r for r in rows if t.selects(r)]
+        good = [(r, _good_ratio(r)) for r in sel]
+        good = [(r, v) for r, v in good if v is not None]
+        counts = Counter(r.get("status", "?") for r in sel)
+        bad = counts.get("FAIL", 0) + counts.get("error", 0)
+        value, worst = None, None
+        if good:
+            if t.reduce == "min":
+                worst, value = min(good, key=lambda rv: rv[1])
+            else:
+                value = geomean([v for _, v in good])
+        if value is None:
+            status = "MISS" if bad else "n/a"
+        else:
+            status = "PASS" if value >= t.threshold and not bad else "MISS"
+        out[t.key] = {
+            "title": t.title,
+            "reduce": t.reduce,
+            "threshold": t.threshold,
+            "value": value,
+            "status": status,
+            "n_ok": len(good),
+            "n_rows": len(sel),
+            "not_ok": {k: v for k, v in counts.items() if k != "ok"},
+            "worst": None if worst is None else describe(worst),
+        }
+    return out
+
+
+def _max_or_nan(values: Sequence[float | None]) -> float | None:
+    """The largest value; NaN if one is not finite; None if there are none."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return None
+    return max(xs) if all(math.isfinite(v) for v in xs) else math.nan
+
+
+def worst_errors(row: dict) -> tuple[float | None, float | None]:
+    """The largest relative error of ours and of torch over a row's checked outputs."""
+    outputs = list(((row.get("check") or {}).get("outputs") or {}).values())
+    return (
+        _max_or_nan([o.get("err_ours") for o in outputs]),
+        _max_or_nan([o.get("err_torch") for o in outputs]),
+    )
+
+
 def summarize(rows: Sequence[dict]) -> dict:
     """Geometric means of the ratio per (group, op, precision), the fwd and fwd+bwd geomeans per
-    precision, the smallest ratio, the small-M GEMM ratios and the row counts by status."""
+    precision, the smallest ratio, the small-M GEMM ratios, the errors of the float32 "highest"
+    rows (ours and cuBLAS vs float64), the issue's targets and the row counts by status."""
     ok = [r for r in rows if r.get("status") == "ok" and r.get("ratio") is not None]
     groups: dict[tuple, list[float]] = defaultdict(list)
     for r in ok:
@@ -931,6 +1574,19 @@ def summarize(rows: Sequence[dict]) -> dict:
         for r in ok
         if r["group"] == "gemm" and r["shape"][0] <= SMALL_M
     ]
+    fp32_errors = []
+    for r in rows:
+        if r.get("group") == "gemm" and r.get("precision") == "fp32" and r.get("check"):
+            e_ours, e_torch = worst_errors(r)
+            fp32_errors.append(
+                {
+                    "label": r["label"],
+                    "op": r["op"],
+                    "status": r.get("status"),
+                    "err_ours": e_ours,
+                    "err_torch": e_torch,
+                }
+            )
     return {
         "ratio_definition": "base median time / ours median time (> 1: cutlass_nn is faster)",
         "geomeans": geomeans,
@@ -938,6 +1594,8 @@ def summarize(rows: Sequence[dict]) -> dict:
         "fwdbwd_geomean": per_precision("fwdbwd"),
         "min_ratio": None if worst is None else {"ratio": worst["ratio"], "row": describe(worst)},
         "small_m": small_m,
+        "fp32_highest_errors": fp32_errors,
+        "targets": evaluate_targets(rows),
         "counts": dict(Counter(r.get("status", "?") for r in rows)),
     }
 
@@ -967,23 +1625,32 @@ def format_tables(rows: Sequence[dict]) -> list[str]:
     lines: list[str] = []
     index = {(r["group"], r["op"], r["precision"], r["label"]): r for r in rows}
     gemm_keys = list(
-        dict.fromkeys((r["precision"], r["label"]) for r in rows if r["group"] == "gemm")
+        dict.fromkeys(
+            (r["precision"], r["label"]) for r in rows if r["group"] in ("gemm", "linact")
+        )
     )
+    linact = any(r["group"] == "linact" for r in rows)
     if gemm_keys:
         lines.append(
             "GEMM: ratio = torch time / ours time (>1: ours faster); TF = ours TFLOP/s; "
             "tf32 = float32 with TF32, fp32 = 'highest'"
+            + ("; linact = Linear+GELU(tanh) fwd+bwd vs eager / torch.compile" if linact else "")
         )
         lines.append(
             f"{'prec':<5} {'M x N x K':<18} {'fwd TF':>7} {'ratio':>6} {'sm80':>6} {'dgrad':>6} "
             f"{'wgrad':>6} {'f+b TF':>7} {'ratio':>6}"
+            + (f" {'act/eg':>6} {'act/cp':>6}" if linact else "")
         )
         for prec, label in sorted(gemm_keys, key=lambda k: PRECISION_ORDER.index(k[0])):
             c = {op: index.get(("gemm", op, prec, label)) for op in GEMM_OPS}
-            lines.append(
+            line = (
                 f"{prec:<5} {label:<18} {_cell(c['fwd'], 14, True)} {_cell(c['sm80'], 6)} "
                 f"{_cell(c['dgrad'], 6)} {_cell(c['wgrad'], 6)} {_cell(c['fwdbwd'], 14, True)}"
             )
+            if linact:
+                for op in LINACT_OPS:
+                    line += " " + _cell(index.get(("linact", op, prec, label)), 6)
+            lines.append(line)
     add2_keys = list(
         dict.fromkeys((r["precision"], r["label"]) for r in rows if r["group"] == "add2")
     )
@@ -1025,8 +1692,9 @@ def format_summary(
     if by_op:
         lines.append("geomean ratio (>1: ours faster), rows in ():")
         for (group, op), parts in by_op.items():
-            name = OP_TITLES.get(op, op) if group == "gemm" else f"add2 {OP_TITLES.get(op, op)}"
-            lines.append(f"  {name:<13} " + "  ".join(parts))
+            title = OP_TITLES.get(op, op)
+            name = title if group == "gemm" else f"{group} {title}"
+            lines.append(f"  {name:<17} " + "  ".join(parts))
     if summary["min_ratio"]:
         lines.append(
             f"min ratio: {_fmt(summary['min_ratio']['ratio'])} ({summary['min_ratio']['row']})"
@@ -1038,6 +1706,7 @@ def format_summary(
         )
     for (prec, label), parts in small.items():
         lines.append(f"small M {prec} {label}: " + ", ".join(parts))
+    lines += format_fp32_errors(summary.get("fp32_highest_errors") or [])
     problems = [r for r in rows if r.get("status") in ("FAIL", "error")]
     for r in problems[:max_problems]:
         lines.append(f"{r['status'].upper()} {describe(r)}: {r.get('note', '')}"[:200])
@@ -1048,6 +1717,7 @@ def format_summary(
         first = skipped[0]
         line = f"skipped {len(skipped)} row(s), e.g. {describe(first)}: {first.get('note', '')}"
         lines.append(line[:200])
+    lines += format_targets(summary.get("targets") or {})
     counts = summary["counts"]
     lines.append(
         "rows: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "FAIL", "error", "skipped"))
@@ -1055,11 +1725,51 @@ def format_summary(
     return lines
 
 
+def _fmt_err(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.2e}"
+
+
+def format_fp32_errors(entries: Sequence[dict]) -> list[str]:
+    """One line per float32 "highest" shape: the worst relative error (vs float64) of ours and
+    of cuBLAS over its fwd / dgrad / wgrad / fwd+bwd rows (sm80 is left out)."""
+    by_label: dict[str, list[dict]] = defaultdict(list)
+    for e in entries:
+        if e["op"] != "sm80":
+            by_label[e["label"]].append(e)
+    lines = []
+    for label, es in by_label.items():
+        ops_ = ",".join(OP_TITLES.get(e["op"], e["op"]) for e in es)
+        lines.append(
+            f"fp32 highest {label}: ours err {_fmt_err(_max_or_nan([e['err_ours'] for e in es]))}"
+            f" vs cuBLAS err {_fmt_err(_max_or_nan([e['err_torch'] for e in es]))} "
+            f"(worst of {ops_})"
+        )
+    return lines
+
+
+def format_targets(targets: dict) -> list[str]:
+    """The issue's targets, one line each: PASS / MISS / n/a, the threshold and the value."""
+    if not targets:
+        return []
+    lines = ["targets (PASS: met on the rows measured; MISS also when a selected row failed):"]
+    for t in targets.values():
+        extra = []
+        if t.get("worst"):
+            extra.append(f"worst {t['worst']}")
+        extra.append(f"{t['n_ok']}/{t['n_rows']} rows")
+        extra += [f"{n} {status}" for status, n in (t.get("not_ok") or {}).items()]
+        lines.append(
+            f"  {t['status']:<4} {t['title']:<30} >= {t['threshold']:.2f}: "
+            f"{_fmt(t['value'])} ({', '.join(extra)})"[:200]
+        )
+    return lines
+
+
 def format_progress(i: int, total: int, row: dict, elapsed_s: float) -> str:
     """One line per finished row, printed while the run goes."""
     head = (
         f"[{i + 1:3d}/{total} {elapsed_s:5.0f}s] "
-        f"{row['precision']:<4} {row['group']:<4} {row['op']:<6} {row['label']:<18}"
+        f"{row['precision']:<4} {row['group']:<6} {row['op']:<7} {row['label']:<18}"
     )
     if row.get("status") != "ok":
         return f"{head} {row.get('status', '?').upper()}: {row.get('note', '')}"[:240]
@@ -1111,7 +1821,7 @@ def plot_results(rows: Sequence[dict], path: Path, title: str) -> Path | None:
     panels = [
         ("gemm", p)
         for p in PRECISION_ORDER
-        if any(r["group"] == "gemm" and r["precision"] == p for r in rows)
+        if any(r["group"] in ("gemm", "linact") and r["precision"] == p for r in rows)
     ]
     panels += [
         ("add2", p)
@@ -1124,19 +1834,23 @@ def plot_results(rows: Sequence[dict], path: Path, title: str) -> Path | None:
         len(panels), 1, figsize=(13, 1.2 + 3.4 * len(panels)), squeeze=False, layout="constrained"
     )
     for ax, (group, prec) in zip(axes[:, 0], panels):
-        sel = [r for r in rows if r["group"] == group and r["precision"] == prec]
+        groups = ("gemm", "linact") if group == "gemm" else (group,)
+        sel = [r for r in rows if r["group"] in groups and r["precision"] == prec]
         labels = list(dict.fromkeys(r["label"] for r in sel))
+        candidates = (
+            [("gemm", op) for op in GEMM_OPS] + [("linact", op) for op in LINACT_OPS]
+            if group == "gemm"
+            else [(group, op) for op in ADD2_OPS]
+        )
         op_list = [
-            op
-            for op in (GEMM_OPS if group == "gemm" else ADD2_OPS)
-            if any(r["op"] == op for r in sel)
+            (g, op) for g, op in candidates if any((r["group"], r["op"]) == (g, op) for r in sel)
         ]
         width = 0.8 / max(len(op_list), 1)
-        index = {(r["op"], r["label"]): r for r in sel}
-        for j, op in enumerate(op_list):
+        index = {(r["group"], r["op"], r["label"]): r for r in sel}
+        for j, (g, op) in enumerate(op_list):
             xs, ys = [], []
             for i, label in enumerate(labels):
-                r = index.get((op, label))
+                r = index.get((g, op, label))
                 x = i - 0.4 + width * (j + 0.5)
                 if r is None:
                     continue
@@ -1153,7 +1867,8 @@ def plot_results(rows: Sequence[dict], path: Path, title: str) -> Path | None:
                         fontsize=8,
                         color="red",
                     )
-            ax.bar(xs, ys, width, label=OP_TITLES.get(op, op))
+            op_title = OP_TITLES.get(op, op)
+            ax.bar(xs, ys, width, label=op_title if g != "linact" else f"linact {op_title}")
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         top = max([_good_ratio(r) or 0.0 for r in sel] + [1.0])
         ax.set_ylim(0, min(top, 20.0) * 1.3)  # headroom for the legend
@@ -1186,6 +1901,39 @@ def _csv(choices: Sequence[str]) -> Callable[[str], list[str]]:
     return parse
 
 
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``--sweep-shapes``: comma-separated MxNxK labels, e.g. "128x8192x8192,16x8192x8192"."""
+    shapes = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        parts = item.lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(f"expected MxNxK with positive sizes, got {item!r}")
+        shapes.append((int(parts[0]), int(parts[1]), int(parts[2])))
+    if not shapes:
+        raise argparse.ArgumentTypeError(f"no shape in {text!r}")
+    return list(dict.fromkeys(shapes))
+
+
+def parse_swizzles(text: str) -> list[int]:
+    """``--sweep-swizzles``: comma-separated non-negative integers (0 = the rule's choice)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or not all(t.isdigit() for t in items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
+    return list(dict.fromkeys(int(t) for t in items))
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m cutlass_nn.bench",
@@ -1193,7 +1941,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "CUDA-event timing; writes JSON + PNG into --out and prints a table.",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="fewer repetitions, 6 shapes, bf16 only (< 2 min)"
+        "--quick",
+        action="store_true",
+        help="fewer repetitions and shapes: bf16 GEMMs (6 shapes), linact (2), add2 bf16, "
+        "fp32 'highest' at 4096^3 (< 2 min)",
     )
     parser.add_argument(
         "--out", type=Path, default=Path("benchmarks/results"), help="output folder"
@@ -1202,37 +1953,99 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--dtypes",
         type=_csv(DTYPE_CHOICES),
         default=None,
-        help="bf16,fp16,fp32 (default: all; bf16 with --quick). fp32 = the float32 GEMM subset "
-        "(TF32 and 'highest') and float32 add2",
+        help="bf16,fp16,fp32 (default: all; bf16,fp32 with --quick; bf16 with --sweep). fp32 = "
+        "the float32 GEMM subset ('highest' and TF32) and float32 add2",
     )
     parser.add_argument(
         "--what",
         type=_csv(WHAT_ITEMS),
         default=list(WHAT_ITEMS),
-        help="fwd,sm80,dgrad,wgrad,fwdbwd,add2,fp32 (default: all). sm80 = forward with "
-        "force_sm80_kernels(); fp32 = the float32 GEMM subset (the GEMM ops selected, or all)",
+        help="fwd,sm80,dgrad,wgrad,fwdbwd,linact,add2,fp32 (default: all). sm80 = forward with "
+        "force_sm80_kernels(); linact = Linear+bias+GELU(tanh) fwd+bwd vs eager and "
+        "torch.compile; fp32 = the float32 GEMM subset (the GEMM ops selected, or all). "
+        "With --sweep: which of fwd,dgrad,wgrad",
     )
     parser.add_argument(
         "--time-limit",
         type=float,
         default=None,
         help="seconds after which the remaining rows are skipped (default "
-        f"{QUICK.time_limit_s:.0f} with --quick, {FULL.time_limit_s:.0f} otherwise)",
+        f"{QUICK.time_limit_s:.0f} with --quick, {FULL.time_limit_s:.0f} otherwise, "
+        f"{SWEEP.time_limit_s:.0f} with --sweep)",
+    )
+    parser.add_argument(
+        "--budget-ms",
+        type=positive_float,
+        default=None,
+        help="GPU time aimed at per row, ours and torch together (default "
+        f"{QUICK.budget_ms:.0f} with --quick, {FULL.budget_ms:.0f} otherwise); with --sweep, "
+        f"per configuration (default {SWEEP.budget_ms:.0f})",
+    )
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="time every SM90 tile configuration and swizzle of each GEMM shape (fwd, dgrad, "
+        "wgrad; bf16) against torch; writes sweep_*.json and prints the best per shape",
+    )
+    parser.add_argument(
+        "--sweep-shapes",
+        type=parse_shapes,
+        default=None,
+        metavar="MxNxK,...",
+        help="--sweep only these shapes (default: the whole GEMM list)",
+    )
+    parser.add_argument(
+        "--sweep-swizzles",
+        type=parse_swizzles,
+        default=None,
+        metavar="S,...",
+        help="tile-scheduler swizzles tried with each configuration (default "
+        f"{','.join(map(str, SWEEP_SWIZZLES))}; 0 = the rule's choice)",
     )
     parser.add_argument(
         "--plot",
         type=Path,
         metavar="JSON",
-        help="only redraw the PNG of a results JSON (next to it; no GPU needed) and exit",
+        help="only redraw the PNG of a results JSON (next to it; no GPU needed) and exit; for a "
+        "sweep JSON, print its table",
     )
     args = parser.parse_args(argv)
+    if args.plot:
+        return args
+    if args.sweep:
+        if args.quick:
+            parser.error("--sweep and --quick do not mix (use --budget-ms, --sweep-shapes)")
+        if args.dtypes is None:
+            args.dtypes = ["bf16"]
+        if not set(args.dtypes) <= {"bf16", "fp16"}:
+            parser.error("--sweep times 16-bit GEMMs: --dtypes bf16 and/or fp16")
+        args.sweep_ops = [op for op in SWEEP_OPS if op in args.what]
+        if not args.sweep_ops:
+            parser.error(f"--sweep times {','.join(SWEEP_OPS)}: --what names none of them")
+        args.sweep_shapes = args.sweep_shapes or list(GEMM_SHAPES)
+        args.sweep_swizzles = (
+            args.sweep_swizzles if args.sweep_swizzles is not None else list(SWEEP_SWIZZLES)
+        )
+        return args
+    if args.sweep_shapes is not None or args.sweep_swizzles is not None:
+        parser.error("--sweep-shapes and --sweep-swizzles need --sweep")
     if args.dtypes is None:
-        args.dtypes = ["bf16"] if args.quick else list(DTYPE_CHOICES)
+        args.dtypes = ["bf16", "fp32"] if args.quick else list(DTYPE_CHOICES)
     if not plan_rows(args.quick, args.dtypes, args.what):
         parser.error(
             f"nothing to run for --dtypes {','.join(args.dtypes)} --what {','.join(args.what)}"
         )
     return args
+
+
+def mode_settings(args: argparse.Namespace) -> Settings:
+    """QUICK, FULL or SWEEP, with --budget-ms and --time-limit applied."""
+    settings = SWEEP if args.sweep else QUICK if args.quick else FULL
+    if args.budget_ms is not None:
+        settings = replace(settings, budget_ms=args.budget_ms)
+    if args.time_limit is not None:
+        settings = replace(settings, time_limit_s=args.time_limit)
+    return settings
 
 
 def _git_commit() -> str | None:
@@ -1281,13 +2094,161 @@ def _plot_title(meta: dict) -> str:
 
 
 def replot(json_path: Path) -> int:
-    """``--plot``: the PNG of a results JSON, written next to it."""
+    """``--plot``: the PNG of a results JSON, written next to it (a sweep JSON: its table)."""
     results = json.loads(Path(json_path).read_text())
+    if results.get("mode") == "sweep":
+        lines = format_sweep_table(results["rows"], results.get("configs") or [])
+        for line in lines + format_sweep_best(sweep_best(results["rows"])):
+            print(line)
+        return 0
     png = plot_results(
         results["rows"], Path(json_path).with_suffix(".png"), _plot_title(results["meta"])
     )
     print(png or "(nothing to plot)")
     return 0
+
+
+def _slug(meta: dict) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(meta["device"]).lower()).strip("-") or "gpu"
+
+
+def _stamp() -> str:
+    return f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+
+
+def build_sweep_case(op: str, shape: tuple[int, int, int], prec: Precision, l2_bytes: int) -> Case:
+    """The GEMM case that a sweep group forces every configuration on (a GPU row's case)."""
+    seed = zlib.crc32(f"sweep/{op}/{prec.name}/{'x'.join(map(str, shape))}".encode())
+    return build_gemm_case(op, *shape, prec, l2_bytes=l2_bytes, device="cuda", seed=seed)
+
+
+def sweep_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``--sweep``: for each (precision, shape, op), every SM90 configuration x swizzle (and the
+    automatic rule) checked, then timed against torch in the same interleaved repetitions."""
+    try:
+        names, set_config = gemm_config_api()
+    except RuntimeError as exc:
+        print(f"cutlass_nn.bench --sweep: {exc}", file=sys.stderr)
+        return 2
+    if not names:
+        print(
+            "cutlass_nn.bench --sweep: torch.ops.cutlass_nn._gemm_configs() lists no SM90 "
+            "configuration (a build without sm90a kernels?)",
+            file=sys.stderr,
+        )
+        return 2
+    settings = mode_settings(args)
+    t_start = time.monotonic()
+    meta = collect_meta(argv)
+    l2 = meta["l2_bytes"] or DEFAULT_L2_BYTES
+    plan = sweep_plan(args.dtypes, args.sweep_shapes, args.sweep_ops)
+    variants = sweep_variants(len(names), args.sweep_swizzles)
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / f"sweep_{_slug(meta)}_{_stamp()}.json"
+    print(
+        f"cutlass_nn.bench --sweep: {meta['device']}, torch {meta['torch']}; {len(names)} "
+        f"configurations x swizzles {args.sweep_swizzles} + auto = {len(variants)} variants, "
+        f"{len(plan)} (shape, op) groups, time limit {settings.time_limit_s:.0f} s",
+        flush=True,
+    )
+    timer = CudaTimer(settings)
+    results: dict[str, Any] = {
+        "mode": "sweep",
+        "meta": meta,
+        "settings": dict(
+            asdict(settings),
+            scaling="budget_ms and row_cap_ms per timed configuration",
+            sleep_cycles_per_ms=timer.cycles_per_ms,
+        ),
+        "configs": names,
+        "swizzles": args.sweep_swizzles,
+        "variants": [variant_key(c, s) for c, s in variants],
+        "rows": [],
+    }
+    write_json(json_path, results)
+
+    def timer_for(n_timed: int) -> Timer:
+        return timer.with_settings(scale_settings(settings, n_timed))
+
+    context_ok, interrupted = True, False
+    try:
+        for gi, (prec_name, shape, op) in enumerate(plan):
+            prec = PRECISIONS[prec_name]
+            ident = {
+                "precision": prec_name,
+                "op": op,
+                "shape": list(shape),
+                "label": "x".join(map(str, shape)),
+                "unit": "TFLOP/s",
+                "work": gemm_flops(op, *shape),
+            }
+            base = None
+            stop = None
+            if not context_ok:
+                stop = "skipped: the CUDA context is unusable after an earlier error"
+            elif time.monotonic() - t_start > settings.time_limit_s:
+                stop = f"skipped: time limit of {settings.time_limit_s:.0f} s reached"
+            if stop:
+                entries = [
+                    {
+                        "config": c,
+                        "swizzle": sw,
+                        "key": variant_key(c, sw),
+                        "status": "skipped",
+                        "note": stop,
+                    }
+                    for c, sw in variants
+                ]
+            else:
+                case = None
+                try:
+                    case = build_sweep_case(op, shape, prec, l2)
+                    entries, base, context_ok = run_sweep_group(
+                        case,
+                        variants,
+                        set_config,
+                        timer_for,
+                        kernel_name=ops.last_kernel_name,
+                        healthy=cuda_healthy,
+                    )
+                except Exception as exc:  # building the inputs failed (SkipRow: too large)
+                    status = "skipped" if isinstance(exc, SkipRow) else "error"
+                    note = str(exc) if isinstance(exc, SkipRow) else _first_line(exc)
+                    entries = [
+                        {
+                            "config": c,
+                            "swizzle": sw,
+                            "key": variant_key(c, sw),
+                            "status": status,
+                            "note": note,
+                        }
+                        for c, sw in variants
+                    ]
+                    context_ok = isinstance(exc, SkipRow) or cuda_healthy()
+                finally:
+                    case = None
+                    release_memory()
+            rows = finish_sweep_entries(ident, entries, base, names)
+            results["rows"] += rows
+            write_json(json_path, results)
+            print(
+                format_sweep_progress(gi, len(plan), rows, time.monotonic() - t_start), flush=True
+            )
+    except KeyboardInterrupt:
+        interrupted = True
+    results["best"] = best = sweep_best(results["rows"])
+    results["wall_s"] = time.monotonic() - t_start
+    write_json(json_path, results)
+    print()
+    for line in format_sweep_table(results["rows"], names) + format_sweep_best(best):
+        print(line)
+    print(f"wall {results['wall_s']:.0f} s; json {json_path}", flush=True)
+    if interrupted:
+        return 130
+    auto_bad = [
+        r for r in results["rows"] if r["key"] == "auto" and r["status"] in ("FAIL", "error")
+    ]
+    return 3 if auto_bad else 0
 
 
 NO_CUDA_MESSAGE = (
@@ -1311,17 +2272,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    settings = QUICK if args.quick else FULL
-    time_limit = args.time_limit if args.time_limit is not None else settings.time_limit_s
+    if args.sweep:
+        return sweep_main(args, argv)
+    settings = mode_settings(args)
+    time_limit = settings.time_limit_s
     t_start = time.monotonic()
     meta = collect_meta(argv)
     l2 = meta["l2_bytes"] or DEFAULT_L2_BYTES
     specs = plan_rows(args.quick, args.dtypes, args.what)
     args.out.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-") or "gpu"
-    stem = (
-        f"bench_{slug}_{datetime.now(timezone.utc):%Y%m%d-%H%M%S}{'_quick' if args.quick else ''}"
-    )
+    stem = f"bench_{_slug(meta)}_{_stamp()}{'_quick' if args.quick else ''}"
     json_path, png_path = args.out / f"{stem}.json", args.out / f"{stem}.png"
     print(
         f"cutlass_nn.bench: {meta['device']} (sm {meta['capability']}, {meta['sm_count']} SMs, L2 "
@@ -1342,7 +2302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     needed = [
         p
         for p in PRECISION_ORDER
-        if p == "bf16" or any(s.group == "gemm" and s.precision == p for s in specs)
+        if p == "bf16" or any(s.group != "add2" and s.precision == p for s in specs)
     ]
     results["peaks"] = peaks = measure_peaks(timer, needed)
     print(format_summary(summarize([]), peaks, [])[0], flush=True)

@@ -14,19 +14,38 @@ from cutlass_nn import ops
 __all__ = ["linear", "mm", "add2"]
 
 
-def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """Drop-in for ``torch.nn.functional.linear``: ``input @ weight.T + bias``.
+def linear(
+    input: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None
+) -> Tensor:
+    """Drop-in for ``torch.nn.functional.linear``: ``input @ weight.T + bias``, optionally
+    followed by a fused activation.
 
     Args:
         input: ``[*, in_features]``, any number of leading dims (including empty batches).
         weight: ``[out_features, in_features]``, same dtype and device as ``input``.
         bias: optional ``[out_features]``.
+        activation: ``None`` / ``"none"`` (plain linear), ``"relu"``, ``"gelu"`` or
+            ``"gelu_tanh"``: ``F.relu``, ``F.gelu(approximate="none")``,
+            ``F.gelu(approximate="tanh")`` applied to the result, fused into the GEMM epilogue
+            where the GPU kernel supports it (the bias add and activation in fp32, rounded
+            once). Any other value raises a RuntimeError naming the allowed values.
 
     Returns:
-        ``[*, out_features]`` in the dtype of ``input``. Differentiable in every argument; the
-        backward runs the cutlass_nn dgrad / wgrad / bias-gradient operators.
+        ``[*, out_features]`` in the dtype of ``input``. Differentiable (twice) in every
+        argument; the backward runs the cutlass_nn activation-gradient / dgrad / wgrad /
+        bias-gradient operators. When gradients are needed the call runs ``linear_act_aux``,
+        which also keeps the pre-activation for the backward; otherwise ``linear_act``.
     """
-    return ops.linear(input, weight, bias)
+    if activation is None or activation == "none":
+        return ops.linear(input, weight, bias)
+    needs_grad = torch.is_grad_enabled() and (
+        input.requires_grad
+        or weight.requires_grad
+        or (bias is not None and bias.requires_grad)
+    )
+    if needs_grad:
+        return ops.linear_act_aux(input, weight, bias, activation)[0]
+    return ops.linear_act(input, weight, bias, activation)
 
 
 def mm(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:

@@ -10,6 +10,13 @@ double backward works too:
 * ``linear_wgrad(g, X)``: dg = ``linear(X, dgW)``, dX = ``linear_dgrad(g, dgW)``
 * ``mm(a, b)``: da = ``mm(dY, b.T)``, db = ``mm(a.T, dY)``
 * ``add2(a, b)``: da = db = dY
+* ``linear_act_aux(X, W, b, act) -> (Y, Z)``: dZ, db = ``activation_grad(dY, Z, act, True)``
+  (plus the incoming gradient of Z, if any: dZ = ``add2(dZ, dZ_in)``, db = ``bias_grad(dZ)``),
+  dX = ``linear_dgrad(dZ, W)``, dW = ``linear_wgrad(dZ, X)``
+* ``linear_act(X, W, b, act)``: Z = ``linear(X, W, b)`` recomputed, then as ``linear_act_aux``
+* ``activation_grad(g, Z, act, bias_grad) -> (dZ, db)``: with G = ddZ (+ ddb broadcast over the
+  leading dims), dg = ``activation_grad(G, Z, act, False)[0]``, dZ = ``G * g * act''(Z)`` -- the
+  one formula written with torch elementwise ops (it is only reached by second-order gradients)
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from cutlass_nn import _extension
 
 _ops = torch.ops.cutlass_nn
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: The activation names of ``linear_act``, ``linear_act_aux`` and ``activation_grad``:
+#: identity, ``F.relu``, ``F.gelu(approximate="none")``, ``F.gelu(approximate="tanh")``.
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")
 
 
 def _require_backend(op: str, t: Tensor) -> None:
@@ -121,6 +131,62 @@ def add2(a: Tensor, b: Tensor) -> Tensor:
     return _ops.add2.default(a, b)
 
 
+def _activation_message(op: str, activation) -> str:
+    """The message of csrc/op_checks.cpp's parse_activation."""
+    allowed = ", ".join(f'"{a}"' for a in ACTIVATIONS)
+    given = f'"{activation}"' if isinstance(activation, str) else repr(activation)
+    return f"cutlass_nn.{op}: argument 'activation' must be one of {allowed}, got {given}"
+
+
+def _check_activation_type(op: str, activation) -> None:
+    # A non-string would otherwise fail in the dispatcher's argument parsing with a message that
+    # does not name the argument; the values themselves are checked by the operators.
+    if not isinstance(activation, str):
+        raise RuntimeError(_activation_message(op, activation))
+
+
+def linear_act(
+    input: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none"
+) -> Tensor:
+    """``act(input @ weight.T + bias)`` with ``act`` one of :data:`ACTIVATIONS`; the bias add and
+    the activation are computed in float (float64 for float64) from the GEMM's accumulator --
+    on the GPU in the GEMM epilogue where the kernel fuses it -- and rounded once. Follows
+    ``torch.autocast`` like ``linear``. Its backward recomputes the pre-activation; a forward
+    that is to be differentiated should call :func:`linear_act_aux` (as
+    ``cutlass_nn.functional.linear`` does)."""
+    _require_backend("linear_act", input)
+    _check_activation_type("linear_act", activation)
+    input, weight, bias = _autocast(input.device.type, input, weight, bias)
+    return _ops.linear_act.default(input, weight, bias, activation)
+
+
+def linear_act_aux(
+    input: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none"
+) -> tuple[Tensor, Tensor]:
+    """``(act(z), z)`` with the pre-activation ``z = input @ weight.T + bias``, both rounded once
+    from the fp32 (float64) epilogue; ``z`` is what the backward needs. Follows
+    ``torch.autocast`` like ``linear``."""
+    _require_backend("linear_act_aux", input)
+    _check_activation_type("linear_act_aux", activation)
+    input, weight, bias = _autocast(input.device.type, input, weight, bias)
+    return _ops.linear_act_aux.default(input, weight, bias, activation)
+
+
+def activation_grad(
+    grad_output: Tensor, preact: Tensor, activation: str, bias_grad: bool = False
+) -> tuple[Tensor, Tensor]:
+    """``grad_preact = grad_output * act'(preact)`` (computed in float, float64 for float64,
+    rounded once) and, with ``bias_grad``, its sum over all leading dims from the same pass
+    (deterministic), else an empty ``[0]`` tensor: ``(grad_preact, grad_bias)``.
+
+    Differentiable twice over: its own backward is ``activation_grad`` again for
+    ``grad_output`` and, for ``preact``, ``G * grad_output * act''(preact)`` written with torch
+    elementwise ops (second-order gradients only)."""
+    _require_backend("activation_grad", grad_output)
+    _check_activation_type("activation_grad", activation)
+    return _ops.activation_grad.default(grad_output, preact, activation, bias_grad)
+
+
 # ---------------------------------------------------------------------------------------------
 # Fake implementations: output metadata for FakeTensor tracing (torch.compile, export). They
 # repeat the shape checks of csrc/op_checks.cpp so that a traced program fails like eager does.
@@ -156,25 +222,70 @@ def _fake_common(op: str, ref_name: str, ref: Tensor, others: dict[str, Tensor])
         )
 
 
-@torch.library.register_fake("cutlass_nn::linear")
-def _linear_fake(input, weight, bias=None):
-    _fake_common("linear", "input", input, {"weight": weight, **({"bias": bias} if bias is not None else {})})
-    _check(input.dim() >= 1, "linear", "argument 'input' must have at least 1 dimension(s)")
-    _check(weight.dim() == 2, "linear", "argument 'weight' must be a 2-D tensor")
+def _fake_linear_shape(op, input, weight, bias):
+    _fake_common(op, "input", input, {"weight": weight, **({"bias": bias} if bias is not None else {})})
+    _check(input.dim() >= 1, op, "argument 'input' must have at least 1 dimension(s)")
+    _check(weight.dim() == 2, op, "argument 'weight' must be a 2-D tensor")
     _check(
         input.shape[-1] == weight.shape[1],
-        "linear",
+        op,
         f"argument 'input' must have size {weight.shape[1]} in its last dimension "
         f"(in_features = weight.shape[1]), got shape {list(input.shape)}",
     )
     if bias is not None:
         _check(
             bias.dim() == 1 and bias.shape[0] == weight.shape[0],
-            "linear",
+            op,
             f"argument 'bias' must be a 1-D tensor [out_features] of size {weight.shape[0]}, "
             f"got shape {list(bias.shape)}",
         )
-    return input.new_empty((*input.shape[:-1], weight.shape[0]))
+    return (*input.shape[:-1], weight.shape[0])
+
+
+def _fake_activation(op, activation):
+    if activation not in ACTIVATIONS:
+        raise RuntimeError(_activation_message(op, activation))
+
+
+@torch.library.register_fake("cutlass_nn::linear")
+def _linear_fake(input, weight, bias=None):
+    return input.new_empty(_fake_linear_shape("linear", input, weight, bias))
+
+
+@torch.library.register_fake("cutlass_nn::linear_act")
+def _linear_act_fake(input, weight, bias, activation):
+    shape = _fake_linear_shape("linear_act", input, weight, bias)
+    _fake_activation("linear_act", activation)
+    return input.new_empty(shape)
+
+
+@torch.library.register_fake("cutlass_nn::linear_act_aux")
+def _linear_act_aux_fake(input, weight, bias, activation):
+    shape = _fake_linear_shape("linear_act_aux", input, weight, bias)
+    _fake_activation("linear_act_aux", activation)
+    return input.new_empty(shape), input.new_empty(shape)
+
+
+@torch.library.register_fake("cutlass_nn::activation_grad")
+def _activation_grad_fake(grad_output, preact, activation, bias_grad):
+    op = "activation_grad"
+    _fake_common(op, "grad_output", grad_output, {"preact": preact})
+    _check(
+        grad_output.dim() >= 1,
+        op,
+        "argument 'grad_output' must have at least 1 dimension(s) [*, features], got a "
+        f"{grad_output.dim()}-D tensor of shape {list(grad_output.shape)}",
+    )
+    _check(
+        preact.shape == grad_output.shape,
+        op,
+        f"argument 'preact' must have the shape of 'grad_output' {list(grad_output.shape)}, "
+        f"got {list(preact.shape)}",
+    )
+    _fake_activation(op, activation)
+    grad_preact = preact.new_empty(preact.shape)  # contiguous, like the kernels' output
+    grad_bias = preact.new_empty((preact.shape[-1] if bias_grad else 0,))
+    return grad_preact, grad_bias
 
 
 @torch.library.register_fake("cutlass_nn::linear_dgrad")
@@ -347,7 +458,124 @@ def _add2_backward(ctx, grad):
     return grad, grad
 
 
+def _linear_act_aux_setup(ctx, inputs, output):
+    input, weight, bias, activation = inputs
+    ctx.save_for_backward(input, weight, output[1])
+    ctx.activation = activation
+    ctx.has_bias = bias is not None
+    # The pre-activation output is usually unused (its gradient would be a tensor of zeros): take
+    # None instead of materialized zeros.
+    ctx.set_materialize_grads(False)
+
+
+def _act_linear_backward(ctx, input, weight, preact, grad_out, grad_preact):
+    """Gradients of (act(z), z), z = input @ weight.T + bias, with incoming gradients grad_out
+    (of act(z)) and grad_preact (of z), either may be None; returns the 4 input gradients."""
+    needs = ctx.needs_input_grad
+    need_input, need_weight = needs[0], needs[1]
+    need_bias = ctx.has_bias and needs[2]
+    if grad_out is None and grad_preact is None:
+        return (None,) * len(needs)
+    grad_bias = None
+    if grad_out is None:
+        grad_z = grad_preact
+    else:
+        fuse_bias = need_bias and grad_preact is None
+        grad_z, db = _ops.activation_grad.default(grad_out, preact, ctx.activation, fuse_bias)
+        if fuse_bias:
+            grad_bias = db
+        if grad_preact is not None:
+            grad_z = _ops.add2.default(grad_z, grad_preact)
+    if need_bias and grad_bias is None:
+        grad_bias = _ops.bias_grad.default(grad_z)
+    grad_input = _ops.linear_dgrad.default(grad_z, weight) if need_input else None
+    grad_weight = _ops.linear_wgrad.default(grad_z, input) if need_weight else None
+    return (grad_input, grad_weight, grad_bias, None)[: len(needs)]
+
+
+def _linear_act_aux_backward(ctx, grad_out, grad_preact):
+    input, weight, preact = ctx.saved_tensors
+    return _act_linear_backward(ctx, input, weight, preact, grad_out, grad_preact)
+
+
+def _linear_act_setup(ctx, inputs, output):
+    input, weight, bias, activation = inputs
+    ctx.save_for_backward(input, weight, bias)
+    ctx.activation = activation
+    ctx.has_bias = bias is not None
+
+
+def _linear_act_backward(ctx, grad_out):
+    # linear_act keeps no pre-activation, so the backward recomputes it with the linear
+    # operator. cutlass_nn.functional.linear routes calls that need gradients to
+    # linear_act_aux instead; this path is for direct callers of the raw operator.
+    input, weight, bias = ctx.saved_tensors
+    preact = _ops.linear.default(input, weight, bias)
+    return _act_linear_backward(ctx, input, weight, preact, grad_out, None)
+
+
+def _activation_grad_setup(ctx, inputs, output):
+    grad_output, preact, activation, bias_grad = inputs
+    ctx.save_for_backward(grad_output, preact)
+    ctx.activation = activation
+    ctx.bias_grad = bias_grad
+    ctx.set_materialize_grads(False)
+
+
+def _activation_second_derivative(activation: str, z: Tensor) -> Tensor:
+    """act''(z) in the compute dtype (float32, float64 for float64 z), with torch ops."""
+    z = z.to(torch.float64 if z.dtype == torch.float64 else torch.float32)
+    if activation == "gelu":
+        # act = z Phi(z): act'' = 2 phi(z) - z^2 phi(z)
+        phi = torch.exp(-0.5 * z * z) * 0.3989422804014327  # 1 / sqrt(2 pi)
+        return phi * (2.0 - z * z)
+    if activation == "gelu_tanh":
+        # act = z (1 + t) / 2, t = tanh(u), u = c (z + k z^3):
+        # act'' = (1 - t^2) (u' - z t u'^2 + z u'' / 2), u' = c (1 + 3 k z^2), u'' = 6 c k z
+        c, k = 0.7978845608028654, 0.044715
+        t = torch.tanh(c * (z + k * z * z * z))
+        du = c * (1.0 + 3.0 * k * z * z)
+        ddu = 6.0 * c * k * z
+        return (1.0 - t * t) * (du - z * t * du * du + 0.5 * z * ddu)
+    return torch.zeros_like(z)  # "none", "relu" (0 almost everywhere)
+
+
+def _activation_grad_backward(ctx, grad_grad_preact, grad_grad_bias):
+    # out = g * act'(z), bias = sum over the leading dims of out. With G the total gradient
+    # of out (its own plus the bias's, broadcast): dg = G * act'(z), dz = G * g * act''(z).
+    grad_output, preact = ctx.saved_tensors
+    need_g, need_z = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    big_g = grad_grad_preact
+    if ctx.bias_grad and grad_grad_bias is not None:
+        expanded = grad_grad_bias.expand(preact.shape)
+        big_g = expanded if big_g is None else _ops.add2.default(big_g.contiguous(), expanded)
+    if big_g is None:
+        return None, None, None, None
+    grad_g = (
+        _ops.activation_grad.default(big_g, preact, ctx.activation, False)[0] if need_g else None
+    )
+    grad_z = None
+    if need_z:
+        if ctx.activation in ("none", "relu"):
+            grad_z = None  # act'' = 0 (almost everywhere, for relu)
+        else:
+            second = _activation_second_derivative(ctx.activation, preact)
+            grad_z = (big_g.to(second.dtype) * grad_output.to(second.dtype) * second).to(
+                preact.dtype
+            )
+    return grad_g, grad_z, None, None
+
+
 torch.library.register_autograd("cutlass_nn::linear", _linear_backward, setup_context=_linear_setup)
+torch.library.register_autograd(
+    "cutlass_nn::linear_act", _linear_act_backward, setup_context=_linear_act_setup
+)
+torch.library.register_autograd(
+    "cutlass_nn::linear_act_aux", _linear_act_aux_backward, setup_context=_linear_act_aux_setup
+)
+torch.library.register_autograd(
+    "cutlass_nn::activation_grad", _activation_grad_backward, setup_context=_activation_grad_setup
+)
 torch.library.register_autograd(
     "cutlass_nn::linear_dgrad", _linear_dgrad_backward, setup_context=_save_both
 )

@@ -40,7 +40,18 @@ FAMILY_HEADER = {
     "kFallback": "gemm_fallback.cuh",
 }
 FAMILY_PRIORITY = {"kSm90TmaWs": 0, "kSm80TensorOp": 1, "kSm80Simt": 2, "kFallback": 3}
-SM90_CONFIG_NAMES = {0: "128x256x64_2x1x1_coop"}
+# Index = KernelTag Config = Sm90TileConfig<N> in csrc/kernels/gemm_sm90.cuh (keep in sync).
+SM90_CONFIG_NAMES = {
+    0: "128x256x64_2x1x1_coop",
+    1: "128x256x64_2x1x1_coop_streamk",
+    2: "128x128x64_1x1x1_coop_streamk",
+    3: "128x128x64_1x2x1_pingpong",
+}
+# Epilogue kinds (EpilogueKind in gemm_registry.h) and their name suffixes.
+EPILOGUES = {"kLinComb": "", "kAct": "_act", "kActAux": "_actaux"}
+# SM90 configurations that also get the fused bias + activation forward kernels: the
+# large-problem default and the small-M stream-K one.
+SM90_ACT_CONFIGS = (0, 2)
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,7 @@ class Kernel:
     layout: str  # key of LAYOUTS ("any" for the fallback)
     align: int
     config: int = 0
+    epilogue: str = "kLinComb"
 
     @property
     def align_cd(self) -> int:
@@ -61,9 +73,14 @@ class Kernel:
     def name(self) -> str:
         ab, cd = DTYPE_SHORT[self.ab], DTYPE_SHORT[self.cd]
         if self.family == "kSm90TmaWs":
-            return f"sm90_tma_ws_{ab}_{cd}_{self.layout}_{SM90_CONFIG_NAMES[self.config]}"
+            return (
+                f"sm90_tma_ws_{ab}_{cd}_{self.layout}_{SM90_CONFIG_NAMES[self.config]}"
+                f"{EPILOGUES[self.epilogue]}"
+            )
         if self.family == "kSm80TensorOp":
             kind = {"kFloat32": "tf32", "kFloat64": "dmma"}.get(self.ab, "tensorop")
+            if self.config == 1:
+                kind = "3xtf32"
             return f"sm80_{kind}_{ab}_{cd}_{self.layout}_align{self.align}"
         if self.family == "kSm80Simt":
             return f"sm80_simt_{ab}_{cd}_{self.layout}_align{self.align}"
@@ -73,7 +90,8 @@ class Kernel:
         la, lb = LAYOUTS.get(self.layout, ("kRowMajor", "kRowMajor"))
         return (
             f"KernelTag<KernelFamily::{self.family}, DType::{self.ab}, DType::{self.cd}, "
-            f"Layout::{la}, Layout::{lb}, {self.align}, {self.config}>"
+            f"Layout::{la}, Layout::{lb}, {self.align}, {self.config}, "
+            f"EpilogueKind::{self.epilogue}>"
         )
 
 
@@ -81,10 +99,17 @@ def kernel_list() -> list[Kernel]:
     ks: list[Kernel] = []
     sixteen = ("kBFloat16", "kFloat16")
     # SM90: forward / dgrad / wgrad with the input dtype out, plus fp32-out wgrad (fp32 grad accum).
-    for ab in sixteen:
-        for lay in ("tn", "nn", "nt"):
-            ks.append(Kernel("kSm90TmaWs", ab, ab, lay, 8))
-        ks.append(Kernel("kSm90TmaWs", ab, "kFloat32", "nt", 8))
+    # Every tile configuration, so that the per-shape rule can pick any of them for any GEMM.
+    for config in SM90_CONFIG_NAMES:
+        for ab in sixteen:
+            for lay in ("tn", "nn", "nt"):
+                ks.append(Kernel("kSm90TmaWs", ab, ab, lay, 8, config))
+            ks.append(Kernel("kSm90TmaWs", ab, "kFloat32", "nt", 8, config))
+    # Fused bias + activation (with / without the pre-activation output): forward (tn) only.
+    for config in SM90_ACT_CONFIGS:
+        for ab in sixteen:
+            for epi in ("kAct", "kActAux"):
+                ks.append(Kernel("kSm90TmaWs", ab, ab, "tn", 8, config, epi))
     # SM80 16-bit tensor-op: 16-byte and 4-byte (cp.async minimum) accesses. Alignment-4 operands
     # use the align2 kernel; alignment-1 operands go to the fallback.
     for ab in sixteen:
@@ -93,10 +118,12 @@ def kernel_list() -> list[Kernel]:
                 ks.append(Kernel("kSm80TensorOp", ab, ab, lay, align))
         for align in (8, 2):
             ks.append(Kernel("kSm80TensorOp", ab, "kFloat32", "nt", align))
-    # fp32: TF32 tensor-op (align 4 and 1), IEEE SIMT; fp64: DMMA.
+    # fp32: TF32 tensor-op (align 4 and 1), 3xTF32 (align 4; "highest" precision), IEEE SIMT;
+    # fp64: DMMA.
     for lay in ("tn", "nn", "nt"):
         for align in (4, 1):
             ks.append(Kernel("kSm80TensorOp", "kFloat32", "kFloat32", lay, align))
+        ks.append(Kernel("kSm80TensorOp", "kFloat32", "kFloat32", lay, 4, 1))
         ks.append(Kernel("kSm80Simt", "kFloat32", "kFloat32", lay, 1))
         ks.append(Kernel("kSm80TensorOp", "kFloat64", "kFloat64", lay, 1))
     # Fallback (runtime layout, any alignment): every dtype pair the interface allows.
@@ -142,13 +169,13 @@ def render(ks: list[Kernel]) -> dict[str, str]:
         HEADER,
         "// One row per kernel, in priority order (the dispatcher takes the first row that fits).\n",
         "// CUTLASS_NN_KERNEL(family, dtype_ab, dtype_cd, layout_a, layout_b, align_ab, align_cd,\n",
-        "//                   config, name)\n",
+        "//                   config, epilogue, name)\n",
     ]
     for k in ordered:
         la, lb = LAYOUTS.get(k.layout, ("kRowMajor", "kRowMajor"))
         row = (
             f"CUTLASS_NN_KERNEL({k.family}, {k.ab}, {k.cd}, {la}, {lb}, {k.align}, "
-            f'{k.align_cd}, {k.config}, "{k.name}")\n'
+            f'{k.align_cd}, {k.config}, {k.epilogue}, "{k.name}")\n'
         )
         if k.family == "kSm90TmaWs":
             row = f"#if defined(CUTLASS_NN_HAS_SM90)\n{row}#endif\n"

@@ -8,6 +8,8 @@
 #   5. writes a summary (device, torch/CUDA versions, date, command, pass/fail counts, build time)
 #      with scripts/gpu_summary.py to $OUT/gpu_check_summary.md (and prints it).
 # Usage: OUT=/some/dir bash scripts/gpu_check.sh [extra pytest args]
+#   PYTEST_TARGETS (default "tests"): the test files / folders to run.
+#   CUTLASS_NN_CUDA_ARCHS, MAX_JOBS: build knobs (README.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
@@ -65,7 +67,7 @@ fi
 python3 -m cutlass_nn.info
 workers=()
 if python3 -c "import xdist" 2>/dev/null; then workers=(-n "${PYTEST_WORKERS:-8}"); fi
-python3 -m pytest -q -p no:cacheprovider "${workers[@]}" --junitxml="$OUT/pytest.xml" tests "$@" 2>&1 \
+python3 -m pytest -q -p no:cacheprovider "${workers[@]}" --junitxml="$OUT/pytest.xml" ${PYTEST_TARGETS:-tests} "$@" 2>&1 \
   | tee "$OUT/pytest.log" | tail -40
 python3 scripts/gpu_summary.py --junit "$OUT/pytest.xml" --build-seconds "$build_s" \
   --build-rc "$build_rc" --selftests "$selftest_log" --command "bash scripts/gpu_check.sh $*" \

@@ -123,25 +123,63 @@ def test_plan_full_and_quick():
     full = bench.plan_rows(False, ["bf16", "fp16", "fp32"], bench.WHAT_ITEMS)
     gemm16 = [r for r in full if r.group == "gemm" and r.precision in ("bf16", "fp16")]
     assert len(gemm16) == 2 * len(bench.GEMM_SHAPES) * len(bench.GEMM_OPS)
+    assert {r.shape for r in gemm16} == set(bench.GEMM_SHAPES)
+    assert len(bench.GEMM_SHAPES) == 10
     f32 = [r for r in full if r.group == "gemm" and r.precision in ("tf32", "fp32")]
-    assert {r.shape for r in f32} == {(4096, 4096, 4096), (8192, 8192, 8192)}
-    assert {r.precision for r in f32} == {"tf32", "fp32"}
+    assert {r.shape for r in f32} == {
+        (4096, 4096, 4096),
+        (8192, 8192, 8192),
+        (2048, 11008, 4096),
+        (16384, 4093, 4091),
+    }
+    assert {(r.precision, r.op) for r in f32} == {
+        (p, op) for p in ("tf32", "fp32") for op in bench.GEMM_OPS
+    }
+    linact = [r for r in full if r.group == "linact"]
+    assert {r.precision for r in linact} == {"bf16"}
+    assert {r.op for r in linact} == {"eager", "compile"}
+    assert {r.shape for r in linact} == set(bench.GEMM_SHAPES) - {(16384, 4093, 4091)}
+    assert len(linact) == 2 * 9
     add2 = [r for r in full if r.group == "add2"]
     assert {(r.precision, r.shape[0], r.op) for r in add2} == {
         (p, s, op) for p in ("bf16", "fp32") for s in bench.ADD2_SIZES for op in bench.ADD2_OPS
     }
-    # the most important rows first: 16-bit GEMMs, then add2, then float32 GEMMs
-    groups = [
-        ("gemm16" if r.precision in ("bf16", "fp16") else "gemm32") if r.group == "gemm" else "add2"
-        for r in full
-    ]
-    assert groups == sorted(groups, key=["gemm16", "add2", "gemm32"].index)
+
+    # the most important and predictable rows first: bf16 then fp16 GEMMs, add2, float32
+    # "highest", linact (torch.compile), TF32 last
+    def kind(r):
+        if r.group == "gemm":
+            return {"bf16": "bf16", "fp16": "fp16", "fp32": "highest", "tf32": "tf32"}[r.precision]
+        return r.group
+
+    order = ["bf16", "fp16", "add2", "highest", "linact", "tf32"]
+    kinds = [kind(r) for r in full]
+    assert kinds == sorted(kinds, key=order.index) and set(kinds) == set(order)
     assert len({(r.group, r.op, r.precision, r.shape) for r in full}) == len(full)
 
-    quick = bench.plan_rows(True, ["bf16"], bench.WHAT_ITEMS)
-    assert {r.precision for r in quick} == {"bf16"}
-    assert {r.shape for r in quick if r.group == "gemm"} == set(bench.QUICK_SHAPES)
-    assert (16384, 4093, 4091) in bench.QUICK_SHAPES and (16, 8192, 8192) in bench.QUICK_SHAPES
+
+def test_plan_quick_covers_the_issue_minimum():
+    args = bench.parse_args(["--quick"])
+    quick = bench.plan_rows(True, args.dtypes, args.what)
+    gemm = [r for r in quick if r.group == "gemm" and r.precision == "bf16"]
+    assert {r.shape for r in gemm} == set(bench.QUICK_SHAPES)
+    for shape in [(16384, 4096, 4096), (2048, 11008, 4096), (128, 8192, 8192), (16, 8192, 8192)]:
+        assert {r.op for r in gemm if r.shape == shape} == set(bench.GEMM_OPS)
+    assert (16384, 4093, 4091) in bench.QUICK_SHAPES
+    linact = {(r.op, r.shape) for r in quick if r.group == "linact"}
+    assert linact == {
+        (op, s) for op in bench.LINACT_OPS for s in [(16384, 4096, 4096), (2048, 11008, 4096)]
+    }
+    add2 = {(r.precision, r.shape[0]) for r in quick if r.group == "add2"}
+    assert {("bf16", 1 << 24), ("bf16", 1 << 28)} <= add2
+    assert {p for p, _ in add2} == {"bf16"}  # float32 add2 only in the full run
+    f32 = [r for r in quick if r.precision in ("fp32", "tf32")]
+    assert {(r.precision, r.shape) for r in f32} == {("fp32", (4096, 4096, 4096))}
+    assert {r.precision for r in quick} == {"bf16", "fp32"}
+    # without fp32 in --dtypes: no float32 rows
+    assert all(r.precision == "bf16" for r in bench.plan_rows(True, ["bf16"], bench.WHAT_ITEMS))
+    # a rough row-count bound for the < 2 min budget (v0.1: 36 quick rows took 35 s)
+    assert len(quick) <= 50
 
 
 def test_plan_what_filter():
@@ -151,20 +189,80 @@ def test_plan_what_filter():
     rows = bench.plan_rows(False, ["fp32"], ["fp32"])  # no GEMM op named: all of them
     assert {r.op for r in rows} == set(bench.GEMM_OPS)
     assert bench.plan_rows(False, ["bf16"], ["fp32"]) == []
+    rows = bench.plan_rows(False, ["bf16", "fp16"], ["linact"])
+    assert {(r.group, r.precision) for r in rows} == {("linact", "bf16")}
+    assert bench.plan_rows(False, ["fp16"], ["linact"]) == []  # linact runs in bf16
 
 
 def test_parse_args():
     args = bench.parse_args(["--quick"])
-    assert args.dtypes == ["bf16"] and args.quick and args.out == Path("benchmarks/results")
+    assert args.dtypes == ["bf16", "fp32"] and args.quick and args.out == Path("benchmarks/results")
+    assert not args.sweep and args.budget_ms is None
     args = bench.parse_args(["--quick", "--dtypes", "fp16,fp32", "--out", "/tmp/x"])
     assert args.dtypes == ["fp16", "fp32"] and args.out == Path("/tmp/x")
     args = bench.parse_args([])
     assert args.dtypes == ["bf16", "fp16", "fp32"] and args.what == list(bench.WHAT_ITEMS)
+    assert "linact" in args.what
     assert bench.parse_args(["--what", "add2,fwd"]).what == ["add2", "fwd"]
-    for bad in (["--dtypes", "int8"], ["--what", "conv"], ["--dtypes", "bf16", "--what", "fp32"]):
+    for bad in (
+        ["--dtypes", "int8"],
+        ["--what", "conv"],
+        ["--dtypes", "bf16", "--what", "fp32"],
+        ["--budget-ms", "0"],
+        ["--budget-ms", "nan"],
+        ["--budget-ms", "x"],
+        ["--sweep-shapes", "16x16x16"],  # needs --sweep
+        ["--sweep-swizzles", "1"],
+        ["--sweep", "--quick"],
+        ["--sweep", "--dtypes", "fp32"],
+        ["--sweep", "--what", "fwdbwd,add2"],
+        ["--sweep", "--sweep-shapes", "16x16"],
+        ["--sweep", "--sweep-shapes", "0x16x16"],
+        ["--sweep", "--sweep-swizzles", "-1"],
+        ["--sweep", "--sweep-swizzles", "a"],
+    ):
         with pytest.raises(SystemExit) as info:
             bench.parse_args(bad)
-        assert info.value.code == 2
+        assert info.value.code == 2, bad
+
+
+def test_parse_args_sweep():
+    args = bench.parse_args(["--sweep"])
+    assert args.sweep and args.dtypes == ["bf16"]
+    assert args.sweep_ops == ["fwd", "dgrad", "wgrad"]
+    assert args.sweep_shapes == bench.GEMM_SHAPES and args.sweep_swizzles == [1, 4]
+    args = bench.parse_args(
+        [
+            "--sweep",
+            "--sweep-shapes",
+            "128x8192x8192, 16X8192x8192,128x8192x8192",
+            "--sweep-swizzles",
+            "0,2,2,8",
+            "--what",
+            "wgrad,fwd,fwdbwd",
+            "--budget-ms",
+            "12.5",
+            "--time-limit",
+            "60",
+        ]
+    )
+    assert args.sweep_shapes == [(128, 8192, 8192), (16, 8192, 8192)]
+    assert args.sweep_swizzles == [0, 2, 8] and args.sweep_ops == ["fwd", "wgrad"]
+    settings = bench.mode_settings(args)
+    assert settings.budget_ms == 12.5 and settings.time_limit_s == 60
+    assert settings.min_reps == bench.SWEEP.min_reps
+
+
+def test_mode_settings():
+    assert bench.mode_settings(bench.parse_args(["--quick"])) == bench.QUICK
+    assert bench.mode_settings(bench.parse_args([])) == bench.FULL
+    s = bench.mode_settings(bench.parse_args(["--budget-ms", "100", "--time-limit", "200"]))
+    assert (s.budget_ms, s.time_limit_s, s.max_reps) == (100, 200, bench.FULL.max_reps)
+    scaled = bench.scale_settings(bench.SWEEP, 9)
+    assert scaled.budget_ms == 9 * bench.SWEEP.budget_ms
+    assert scaled.row_cap_ms == 9 * bench.SWEEP.row_cap_ms
+    assert scaled.min_reps == bench.SWEEP.min_reps
+    assert bench.scale_settings(bench.SWEEP, 0) == bench.SWEEP
 
 
 def _run_cli(*args, **env):
@@ -195,7 +293,17 @@ def test_cli_without_cuda_exits_2():
 def test_cli_help():
     proc = _run_cli("-m", "cutlass_nn.bench", "--help")
     assert proc.returncode == 0
-    for flag in ("--quick", "--out", "--dtypes", "--what", "--time-limit"):
+    for flag in (
+        "--quick",
+        "--out",
+        "--dtypes",
+        "--what",
+        "--time-limit",
+        "--budget-ms",
+        "--sweep",
+        "--sweep-shapes",
+        "--sweep-swizzles",
+    ):
         assert flag in proc.stdout
 
 
@@ -271,6 +379,149 @@ def test_add2_case_on_cpu(op, prec):
     for i in range(case.n_sets):
         case.fns["ours"](i)
     assert case.kernel_name() == ""
+
+
+class FakeActLinear(torch.nn.Linear):
+    """Stands in for CutlassLinear(activation=...), independent of whether (and how) the package
+    has it: the cutlass_nn linear operator, then F.gelu(approximate="tanh"). With
+    ``apply_act = False`` it forgets the activation (a wrong result)."""
+
+    apply_act = True
+    from_linear = staticmethod(cutlass_nn.CutlassLinear.from_linear)  # the fwdbwd rows' module
+
+    def __init__(
+        self, in_features, out_features, bias=True, device=None, dtype=None, activation=None
+    ):
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.activation = activation
+
+    def forward(self, x):
+        y = cutlass_nn.ops.linear(x, self.weight, self.bias)
+        if self.activation == "gelu_tanh" and self.apply_act:
+            return torch.nn.functional.gelu(y, approximate="tanh")
+        return y
+
+
+def _real_linact_supported() -> bool:
+    """Whether the installed cutlass_nn runs CutlassLinear(activation="gelu_tanh") here."""
+    try:
+        layer = cutlass_nn.CutlassLinear(4, 4, activation="gelu_tanh")
+        x = torch.randn(2, 4, requires_grad=True)
+        layer(x).sum().backward()
+    except (TypeError, AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+@pytest.fixture
+def fake_act(monkeypatch):
+    monkeypatch.setattr(bench.cutlass_nn, "CutlassLinear", FakeActLinear)
+    monkeypatch.setattr(bench, "compile_baseline", lambda module: module)  # no inductor here
+
+
+@pytest.mark.parametrize("prec", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("op", bench.LINACT_OPS)
+def test_linact_case_on_cpu(fake_act, op, prec):
+    for l2, sets in ((1, 1), (40_000, None)):
+        case = bench.build_linact_case(
+            op, 37, 29, 23, bench.PRECISIONS[prec], l2_bytes=l2, device="cpu"
+        )
+        assert case.n_sets >= 1 and (sets is None or case.n_sets == sets)
+        with case.context():
+            check = case.check()
+            assert check["ok"], check["summary"]
+            for i in range(case.n_sets):
+                case.fns["ours"](i)
+                case.fns["base"](i)
+    assert set(check["outputs"]) == {"y", "dx", "dw", "db"}
+    assert case.n_sets > 1  # the second L2 size rotates several input sets
+
+
+def test_linact_wrong_activation_fails(fake_act, monkeypatch):
+    monkeypatch.setattr(FakeActLinear, "apply_act", False)  # ours forgets the GELU
+    spec = bench.RowSpec("linact", "eager", "bf16", (37, 29, 23))
+    timer = FakeTimer()
+    row = bench.run_row(spec.meta(), lambda: bench.build_case(spec, device="cpu"), timer)
+    assert row["status"] == "FAIL" and timer.calls == 0
+    assert not row["check"]["outputs"]["y"]["ok"]
+
+
+def test_linact_skipped_without_activation_argument(monkeypatch):
+    class OldLinear(torch.nn.Linear):  # the constructor of a cutlass_nn without activation=
+        pass
+
+    monkeypatch.setattr(bench.cutlass_nn, "CutlassLinear", OldLinear)
+    spec = bench.RowSpec("linact", "compile", "bf16", (16, 8, 8))
+    row = bench.run_row(spec.meta(), lambda: bench.build_case(spec, device="cpu"), FakeTimer())
+    assert row["status"] == "skipped", row.get("note")
+    assert "CutlassLinear(activation=...)" in row["note"] and "activation" in row["note"]
+
+
+def test_linact_row_meta_and_run(fake_act):
+    spec = bench.RowSpec("linact", "compile", "bf16", (33, 17, 9))
+    meta = spec.meta()
+    assert meta["work"] == 3 * 2 * 33 * 17 * 9 and meta["unit"] == "TFLOP/s"
+    peaks = {"mm_tflops": {"bf16": 2.0}, "copy_gbps": 5.0}
+    assert bench.peak_for(meta, peaks) == 2.0
+    row = bench.run_row(meta, lambda: bench.build_case(spec, device="cpu"), FakeTimer(), 2.0)
+    assert row["status"] == "ok" and row["ratio"] == pytest.approx(2.0)
+
+
+@pytest.mark.slow
+def test_linact_with_real_torch_compile(monkeypatch):
+    """The compile baseline for real (inductor on the CPU): compiled once, checked, timed."""
+    monkeypatch.setattr(bench.cutlass_nn, "CutlassLinear", FakeActLinear)
+    case = bench.build_linact_case(
+        "compile", 24, 16, 8, bench.PRECISIONS["fp32"], l2_bytes=3000, device="cpu"
+    )
+    assert case.n_sets > 1
+    check = case.check()
+    assert check["ok"], check["summary"]
+    FakeTimer()(case.fns, case.n_sets)
+
+
+@pytest.mark.skipif(not _real_linact_supported(), reason="CutlassLinear has no activation= yet")
+@pytest.mark.parametrize("prec", ["bf16", "fp32"])
+def test_linact_case_with_the_real_module(monkeypatch, prec):
+    monkeypatch.setattr(bench, "compile_baseline", lambda module: module)
+    case = bench.build_linact_case("eager", 37, 29, 23, bench.PRECISIONS[prec], device="cpu")
+    with case.context():
+        check = case.check()
+    assert check["ok"], check["summary"]
+
+
+@pytest.mark.parametrize("chunk", [1 << 25, 40])
+def test_gelu_tanh_reference_matches_autograd(monkeypatch, chunk):
+    monkeypatch.setattr(bench, "REF_CHUNK_ELEMENTS", chunk)  # 40: x in chunks of 3 rows
+    gen = torch.Generator().manual_seed(3)
+    m, n, k = 19, 11, 13
+    x = torch.randn(m, k, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(n, k, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(n, generator=gen, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(m, n, generator=gen, dtype=torch.float64)
+    y = torch.nn.functional.gelu(x @ w.t() + b, approximate="tanh")
+    y.backward(dy)
+    rm, cn, ck = torch.tensor([0, 5, 18]), torch.tensor([1, 10]), torch.tensor([2, 3, 12])
+    refs = bench.gelu_tanh_reference(x, w, b, dy, rm, cn, ck)
+    expected = {
+        "y": y.detach()[rm][:, cn],
+        "dx": x.grad[rm][:, ck],
+        "dw": w.grad[cn][:, ck],
+        "db": b.grad[cn],
+    }
+    for name, (ref, rows, cols) in refs.items():
+        torch.testing.assert_close(ref, expected[name])
+        assert ref.dtype == torch.float64
+        full = {"y": y.detach(), "dx": x.grad, "dw": w.grad, "db": b.grad}[name]
+        torch.testing.assert_close(bench.take(full, rows, cols), expected[name])
+
+
+def test_linact_memory_estimate():
+    m, n, k = 16384, 4096, 16384
+    need = bench.linact_memory_bytes(m, n, k, 2, 1)
+    assert need >= 2 * (m * k + n * k + m * n) * 3
+    assert need >= 8 * bench.REF_CHUNK_ELEMENTS
+    assert bench.linact_input_bytes(m, n, k, 2) == 2 * (m * k + n * k + n + m * n)
 
 
 def test_precision_context_restores():
@@ -476,17 +727,169 @@ def test_tables_and_summary_lines():
         assert len(bench.format_progress(0, 10, row, 1.0)) <= 240
 
 
-def test_tables_fit_the_visible_tail():
-    """A full run's table and summary fit in the ~60 lines the lead sees."""
+def _full_run_rows(ratio=lambda i, spec: 1.0 + i / 1000):
     specs = bench.plan_rows(False, ["bf16", "fp16", "fp32"], bench.WHAT_ITEMS)
     rows = []
     for i, s in enumerate(specs):
         row = dict(s.meta(), status="ok")
-        bench.fill_timing(row, {"ours": [1.0], "base": [1.0 + i / 1000]}, peak=None)
+        bench.fill_timing(row, {"ours": [1.0], "base": [ratio(i, s)]}, peak=None)
+        if s.precision == "fp32" and s.group == "gemm":
+            row["check"] = {"outputs": {"out": {"err_ours": 1.5e-7, "err_torch": 1e-7}}}
         rows.append(row)
+    return rows
+
+
+def test_tables_fit_the_visible_tail():
+    """A full run's table and summary (targets last) fit in the last 12,000 characters of
+    output the lead sees of a device run, with room for the final line."""
+    rows = _full_run_rows()
     peaks = {"mm_tflops": {p: 1.0 for p in bench.PRECISION_ORDER}, "copy_gbps": 1.0}
     lines = bench.format_tables(rows) + bench.format_summary(bench.summarize(rows), peaks, rows)
-    assert len(lines) <= 57, len(lines)
+    assert sum(len(line) + 1 for line in lines) <= 10_000, sum(len(line) for line in lines)
+    assert all(len(line) <= 200 for line in lines)
+    text = "\n".join(lines)
+    assert "targets" in text and "linact vs eager" in lines[0] + text
+    assert "fp32 highest 4096x4096x4096: ours err 1.50e-07 vs cuBLAS err 1.00e-07" in text
+
+
+def test_targets_all_pass_and_miss():
+    rows = _full_run_rows(ratio=lambda i, s: 3.0)
+    targets = bench.summarize(rows)["targets"]
+    assert [t["status"] for t in targets.values()] == ["PASS"] * len(bench.TARGETS)
+    assert set(targets) == {t.key for t in bench.TARGETS}
+    rows = _full_run_rows(ratio=lambda i, s: 0.5)
+    targets = bench.evaluate_targets(rows)
+    assert {t["status"] for t in targets.values()} == {"MISS"}
+    assert targets["bf16_fwd_geomean"]["value"] == pytest.approx(2.0 - 1.5)
+    assert targets["bf16_fwd_geomean"]["n_ok"] == len(bench.GEMM_SHAPES)
+    assert targets["small_m_fwdbwd_min"]["n_rows"] == 4  # 128 and 16 rows, bf16 and fp16
+    assert targets["add2_16m_256m_min"]["n_rows"] == 2 * 2 * 2  # 16M, 256M x ops x dtypes
+    assert targets["linact_eager_geomean"]["n_rows"] == 9
+    assert targets["fp32_highest_geomean"]["n_rows"] == 4 * 4  # 4 shapes, not sm80, not tf32
+
+
+def test_targets_values_thresholds_and_problems():
+    rows = [
+        _ok_row("fwd", "bf16", (16384, 4096, 4096), 1.10),
+        _ok_row("fwd", "bf16", (128, 8192, 8192), 0.95),
+        _ok_row("fwd", "bf16", (16, 8192, 8192), 0.89),
+        _ok_row("fwdbwd", "bf16", (128, 8192, 8192), 1.6),
+        _ok_row("fwdbwd", "fp16", (16, 8192, 8192), 1.5),
+        _ok_row("fwdbwd", "bf16", (1024, 4096, 4096), 0.2),  # not small M
+        _ok_row("eager", "bf16", (2048, 11008, 4096), 1.2, group="linact"),
+        _ok_row("compile", "bf16", (2048, 11008, 4096), 1.0, group="linact"),
+        _ok_row("fwd", "bf16", (1 << 20,), 0.5, group="add2"),  # 1M: not a target
+        _ok_row("fwd", "bf16", (1 << 24,), 0.96, group="add2"),
+        _ok_row("fwdbwd", "fp32", (1 << 28,), 0.99, group="add2"),
+        _ok_row("fwd", "fp32", (4096, 4096, 4096), 2.5),
+        _ok_row("sm80", "fp32", (4096, 4096, 4096), 0.1),  # sm80 is not a target
+        _ok_row("fwd", "tf32", (4096, 4096, 4096), 0.1),  # neither is TF32
+        dict(_meta("gemm", "fwd", "fp16", (4096, 4096, 4096)), status="FAIL", note="wrong"),
+        dict(_meta("gemm", "fwd", "fp16", (8192, 8192, 8192)), status="skipped", note="time"),
+        dict(_meta("gemm", "fwdbwd", "fp16", (8192, 8192, 8192)), status="skipped", note="t"),
+    ]
+    t = bench.evaluate_targets(rows)
+    assert t["bf16_fwd_geomean"]["value"] == pytest.approx((1.10 * 0.95 * 0.89) ** (1 / 3))
+    assert t["bf16_fwd_geomean"]["status"] == "MISS"
+    assert t["bf16_fwd_min"]["value"] == pytest.approx(0.89)
+    assert t["bf16_fwd_min"]["worst"] == "gemm bf16 fwd 16x8192x8192"
+    assert t["bf16_fwd_min"]["status"] == "MISS" and t["bf16_fwd_min"]["threshold"] == 0.90
+    assert t["fp16_fwd_geomean"]["status"] == "MISS"  # its only row FAILed: no value
+    assert t["fp16_fwd_geomean"]["value"] is None
+    assert t["fp16_fwd_geomean"]["not_ok"] == {"FAIL": 1, "skipped": 1}
+    assert t["fp16_fwdbwd_geomean"]["status"] == "PASS"  # a skipped row does not count
+    assert t["fp16_fwdbwd_geomean"]["not_ok"] == {"skipped": 1}
+    only_skipped = bench.evaluate_targets(rows[-1:])
+    assert only_skipped["fp16_fwdbwd_geomean"]["status"] == "n/a"
+    assert only_skipped["bf16_fwd_geomean"] == {
+        "title": "bf16 fwd geomean",
+        "reduce": "geomean",
+        "threshold": 1.0,
+        "value": None,
+        "status": "n/a",
+        "n_ok": 0,
+        "n_rows": 0,
+        "not_ok": {},
+        "worst": None,
+    }
+    assert t["bf16_fwdbwd_geomean"]["value"] == pytest.approx((1.6 * 0.2) ** 0.5)
+    assert t["small_m_fwdbwd_min"]["value"] == pytest.approx(1.5)
+    assert t["small_m_fwdbwd_min"]["status"] == "PASS"  # 1.5 >= 1.5
+    assert t["linact_eager_geomean"]["status"] == "PASS"
+    assert t["linact_compile_geomean"]["status"] == "MISS"
+    assert t["add2_16m_256m_min"]["value"] == pytest.approx(0.96)
+    assert t["add2_16m_256m_min"]["status"] == "PASS" and t["add2_16m_256m_min"]["n_rows"] == 2
+    assert t["fp32_highest_geomean"]["value"] == pytest.approx(2.5)
+    assert t["fp32_highest_geomean"]["status"] == "PASS"
+    assert t["fp32_highest_geomean"]["n_rows"] == 1
+    lines = bench.format_targets(t)
+    assert lines[0].startswith("targets")
+    assert len(lines) == 1 + len(bench.TARGETS)
+    line = next(x for x in lines if "bf16 fwd min" in x)
+    assert line.split()[0] == "MISS" and ">= 0.90: 0.890" in line
+    assert "worst gemm bf16 fwd 16x8192x8192" in line
+    line = next(x for x in lines if "fp16 fwd+bwd geomean" in x)
+    assert line.split()[0] == "PASS" and "1/2 rows" in line and "1 skipped" in line
+    line = next(x for x in bench.format_targets(only_skipped) if "fp16 fwd+bwd" in x)
+    assert line.split()[0] == "n/a" and ": n/a (0/1 rows, 1 skipped)" in line
+    assert any(x.split()[0] == "PASS" and "linact vs eager" in x for x in lines)
+    assert bench.format_targets({}) == []
+
+
+def test_fp32_highest_errors_in_summary():
+    def row(op, label_shape, e_ours, e_torch, status="ok"):
+        r = _ok_row(op, "fp32", label_shape, 2.0)
+        r["status"] = status
+        outputs = {"y": {"err_ours": e_ours, "err_torch": e_torch}, "dx": {"err_ours": 1e-9}}
+        r["check"] = {"outputs": outputs}
+        return r
+
+    rows = [
+        row("fwd", (4096, 4096, 4096), 2e-7, 1e-7),
+        row("fwdbwd", (4096, 4096, 4096), 3e-7, 0.5e-7, status="FAIL"),
+        row("sm80", (4096, 4096, 4096), 9e-3, 1e-7),  # left out of the printed line
+        row("fwd", (8192, 8192, 8192), float("nan"), 1e-7),
+    ]
+    tf32 = _ok_row("fwd", "tf32", (4096, 4096, 4096), 1.0)
+    tf32["check"] = {"outputs": {"out": {"err_ours": 1e-3, "err_torch": 1e-3}}}
+    summary = bench.summarize([*rows, tf32])
+    errs = summary["fp32_highest_errors"]
+    assert [(e["label"], e["op"], e["status"]) for e in errs] == [
+        ("4096x4096x4096", "fwd", "ok"),
+        ("4096x4096x4096", "fwdbwd", "FAIL"),
+        ("4096x4096x4096", "sm80", "ok"),
+        ("8192x8192x8192", "fwd", "ok"),
+    ]
+    assert errs[1]["err_ours"] == pytest.approx(3e-7) and errs[1]["err_torch"] == 1e-7 * 0.5
+    lines = bench.format_fp32_errors(errs)
+    assert lines == [
+        "fp32 highest 4096x4096x4096: ours err 3.00e-07 vs cuBLAS err 1.00e-07 "
+        "(worst of fwd,fwd+bwd)",
+        "fp32 highest 8192x8192x8192: ours err n/a vs cuBLAS err 1.00e-07 (worst of fwd)",
+    ]
+    text = "\n".join(bench.format_summary(summary, {}, [*rows, tf32]))
+    assert lines[0] in text and lines[1] in text
+    assert bench.worst_errors({}) == (None, None)
+
+
+def test_linact_in_tables_and_summary():
+    rows = [
+        _ok_row("fwd", "bf16", (2048, 11008, 4096), 0.97),
+        _ok_row("eager", "bf16", (2048, 11008, 4096), 1.25, group="linact"),
+        dict(_meta("linact", "compile", "bf16", (2048, 11008, 4096)), status="error", note="x"),
+        _ok_row("eager", "bf16", (16384, 4096, 4096), 1.21, group="linact"),
+    ]
+    lines = bench.format_tables(rows)
+    assert "act/eg" in lines[1] and "act/cp" in lines[1]
+    line = next(x for x in lines if x.startswith("bf16  2048x11008x4096"))
+    assert line.endswith(" 1.250    ERR")
+    line = next(x for x in lines if x.startswith("bf16  16384x4096x4096"))
+    assert line.endswith(" 1.210      -")
+    summary = bench.summarize(rows)
+    text = "\n".join(bench.format_summary(summary, {}, rows))
+    assert "linact vs eager   bf16 1.230 (2)" in text
+    assert "ERROR linact bf16 compile 2048x11008x4096: x" in text
+    assert "act/eg" not in bench.format_tables(rows[:1])[1]  # no linact rows: no columns
 
 
 def test_write_json_roundtrip(tmp_path):
@@ -587,3 +990,313 @@ def test_main_exit_code_3_on_failures(monkeypatch, tmp_path, capsys):
     assert bench.main(["--out", str(tmp_path)]) == 3
     out = capsys.readouterr().out
     assert "FAIL gemm bf16 fwd 33x17x9: wrong result, not timed" in out
+
+
+def test_main_with_linact_fp32_and_targets(monkeypatch, tmp_path, capsys, fake_act):
+    specs = [bench.RowSpec("gemm", op, "bf16", (33, 17, 9)) for op in ("fwd", "fwdbwd")]
+    specs += [bench.RowSpec("linact", op, "bf16", (33, 17, 9)) for op in bench.LINACT_OPS]
+    specs += [bench.RowSpec("gemm", "fwd", "fp32", (33, 17, 9))]
+    _fake_gpu(monkeypatch, specs)
+    assert bench.main(["--quick", "--out", str(tmp_path), "--budget-ms", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "act/eg" in out and "linact vs compile bf16 2.000 (1)" in out
+    assert "fp32 highest 33x17x9: ours err" in out
+    assert "  PASS linact vs eager geomean" in out and "  n/a  fp16 fwd geomean" in out
+    (json_path,) = tmp_path.glob("bench_*_quick.json")
+    results = json.loads(json_path.read_text())
+    assert results["settings"]["budget_ms"] == 7
+    targets = results["summary"]["targets"]
+    assert targets["linact_compile_geomean"]["status"] == "PASS"
+    assert targets["fp32_highest_geomean"]["value"] == pytest.approx(2.0)
+    assert results["summary"]["fp32_highest_errors"][0]["err_torch"] is not None
+    linact = [r for r in results["rows"] if r["group"] == "linact"]
+    assert {r["op"] for r in linact} == {"eager", "compile"}
+    assert all(set(r["check"]["outputs"]) == {"y", "dx", "dw", "db"} for r in linact)
+
+
+# ---------------------------------------------------------------------------------------------
+# --sweep
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sweep_pure_helpers():
+    assert bench.parse_config_names("") == []
+    assert bench.parse_config_names("a_128x256\nb_128x128\n") == ["a_128x256", "b_128x128"]
+    assert bench.parse_config_names("a\n\nc") == ["a", "", "c"]  # index = line number
+    assert bench.sweep_variants(2, [1, 4]) == [(-1, 0), (0, 1), (0, 4), (1, 1), (1, 4)]
+    assert bench.sweep_variants(0, [1]) == [(-1, 0)]
+    assert bench.variant_key(-1, 0) == "auto" and bench.variant_key(3, 4) == "c3/s4"
+    assert bench.variant_key(-1, 2) == "auto/s2"
+    plan = bench.sweep_plan(["bf16"], [(1, 2, 3), (4, 5, 6)], ["fwd", "wgrad"])
+    assert plan == [
+        ("bf16", (1, 2, 3), "fwd"),
+        ("bf16", (1, 2, 3), "wgrad"),
+        ("bf16", (4, 5, 6), "fwd"),
+        ("bf16", (4, 5, 6), "wgrad"),
+    ]
+    assert bench.parse_shapes("16x8192x8192") == [(16, 8192, 8192)]
+    assert bench.parse_swizzles("4,1") == [4, 1]
+
+
+def test_gemm_config_api_on_this_build():
+    try:
+        names, set_config = bench.gemm_config_api()
+    except RuntimeError as exc:  # a build from before the configuration override
+        assert "_gemm_configs" in str(exc)
+        return
+    if not cutlass_nn.has_cuda_kernels():
+        assert names == []
+    previous = set_config(-1, 0)
+    assert len(previous) == 2 and all(isinstance(v, int) for v in previous)
+    set_config(*previous)
+
+
+class SweepState:
+    """A fake configuration override: ``set_config`` records what is forced; the cutlass_nn
+    forward it is used with raises for config 1 (cannot implement) and is wrong for config 2."""
+
+    def __init__(self, initial=(5, 7)):
+        self.current = list(initial)
+        self.calls = []
+
+    def set_config(self, config, swizzle):
+        previous = self.current
+        self.current = [config, swizzle]
+        self.calls.append((config, swizzle))
+        return list(previous)
+
+    def kernel_name(self):
+        return f"kernel_c{self.current[0]}_s{self.current[1]}"
+
+    def patch_linear(self, monkeypatch):
+        real = cutlass_nn.functional.linear
+
+        def linear(x, w, b=None):
+            if self.current[0] == 1:
+                raise RuntimeError("cutlass_nn: configuration 1 cannot implement 37x29x23\nmore")
+            out = real(x, w, b)
+            return out * 1.05 if self.current[0] == 2 else out
+
+        monkeypatch.setattr(cutlass_nn.functional, "linear", linear)
+
+
+class SweepTimer:
+    """Runs every function on every set (recording the configuration in force when ours runs)
+    and returns fixed times: base 2 ms, auto 2 ms, c0/s1 1 ms, anything else 4 ms."""
+
+    def __init__(self, state):
+        self.state = state
+        self.seen = {}
+        self.n_timed = []
+
+    def __call__(self, fns, n_sets):
+        for name, fn in fns.items():
+            for i in range(n_sets):
+                fn(i)
+                self.seen[name] = tuple(self.state.current)
+        times = {"base": 2.0, "auto": 2.0, "c0/s1": 1.0}
+        return {name: [times.get(name, 4.0)] * 3 for name in fns}
+
+    def timer_for(self, n_timed):
+        self.n_timed.append(n_timed)
+        return self
+
+
+def _sweep_group(monkeypatch, healthy=lambda: True, timer=None):
+    state = SweepState()
+    state.patch_linear(monkeypatch)
+    case = bench.build_gemm_case("fwd", 37, 29, 23, bench.PRECISIONS["bf16"], device="cpu")
+    timer = timer or SweepTimer(state)
+    variants = bench.sweep_variants(3, [1, 4])
+    entries, base, ok = bench.run_sweep_group(
+        case,
+        variants,
+        state.set_config,
+        timer.timer_for,
+        kernel_name=state.kernel_name,
+        healthy=healthy,
+    )
+    return state, timer, entries, base, ok
+
+
+def test_run_sweep_group(monkeypatch):
+    state, timer, entries, base, ok = _sweep_group(monkeypatch)
+    assert ok and base["median_ms"] == 2.0
+    by_key = {e["key"]: e for e in entries}
+    assert list(by_key) == ["auto", "c0/s1", "c0/s4", "c1/s1", "c1/s4", "c2/s1", "c2/s4"]
+    assert by_key["auto"]["status"] == "ok" and by_key["auto"]["kernel"] == "kernel_c-1_s0"
+    assert by_key["auto"]["ratio"] == pytest.approx(1.0)
+    assert by_key["c0/s1"]["ratio"] == pytest.approx(2.0)
+    assert by_key["c0/s4"]["ratio"] == pytest.approx(0.5)
+    assert by_key["c0/s4"]["kernel"] == "kernel_c0_s4"
+    assert by_key["c0/s1"]["err_ours"] is not None and by_key["c0/s1"]["err_torch"] is not None
+    for key in ("c1/s1", "c1/s4"):
+        assert by_key[key]["status"] == "error"
+        assert (
+            by_key[key]["note"]
+            == "RuntimeError: cutlass_nn: configuration 1 cannot implement 37x29x23"
+        )
+        assert "ours" not in by_key[key]
+    for key in ("c2/s1", "c2/s4"):
+        assert by_key[key]["status"] == "FAIL" and "not timed" in by_key[key]["note"]
+        assert "ours" not in by_key[key]
+    # one interleaved timing of the baseline and the 3 variants that passed
+    assert timer.n_timed == [3]
+    assert set(timer.seen) == {"base", "auto", "c0/s1", "c0/s4"}
+    assert timer.seen["c0/s4"] == (0, 4) and timer.seen["auto"] == (-1, 0)
+    assert state.current == [5, 7]  # the setting from before is restored
+
+
+def test_run_sweep_group_restores_on_interrupt_and_stops_on_broken_context(monkeypatch):
+    class Interrupting(SweepTimer):
+        def __call__(self, fns, n_sets):
+            raise KeyboardInterrupt
+
+    state = SweepState()
+    state.patch_linear(monkeypatch)
+    case = bench.build_gemm_case("fwd", 37, 29, 23, bench.PRECISIONS["bf16"], device="cpu")
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_sweep_group(
+            case, bench.sweep_variants(1, [1]), state.set_config, Interrupting(state).timer_for
+        )
+    assert state.current == [5, 7]
+
+    state, timer, entries, base, ok = _sweep_group(monkeypatch, healthy=lambda: False)
+    assert not ok and base is None and timer.n_timed == []
+    assert [e["status"] for e in entries] == ["ok", "ok", "ok", "error"] + ["skipped"] * 3
+    assert "unusable" in entries[-1]["note"]
+
+
+def _sweep_rows(monkeypatch):
+    state, timer, entries, base, ok = _sweep_group(monkeypatch)
+    ident = {
+        "precision": "bf16",
+        "op": "fwd",
+        "shape": [37, 29, 23],
+        "label": "37x29x23",
+        "unit": "TFLOP/s",
+        "work": bench.gemm_flops("fwd", 37, 29, 23),
+    }
+    names = ["cfg_a_128x256", "cfg_b_128x128", "cfg_c_64x128"]
+    return bench.finish_sweep_entries(ident, entries, base, names), names
+
+
+def test_sweep_rows_best_and_table(monkeypatch):
+    rows, names = _sweep_rows(monkeypatch)
+    assert len(rows) == 7 and all(r["label"] == "37x29x23" for r in rows)
+    r = next(r for r in rows if r["key"] == "c0/s1")
+    assert r["config_name"] == "cfg_a_128x256" and r["base"]["median_ms"] == 2.0
+    assert r["ours_rate"] == pytest.approx(2 * 37 * 29 * 23 / 1e-3 / 1e12)
+    assert next(r for r in rows if r["key"] == "auto")["config_name"] == "auto"
+    assert "base" not in next(r for r in rows if r["key"] == "c1/s1")
+
+    (best,) = bench.sweep_best(rows)
+    assert (best["config"], best["swizzle"], best["config_name"]) == (0, 1, "cfg_a_128x256")
+    assert best["ratio"] == pytest.approx(2.0) and best["auto_ratio"] == pytest.approx(1.0)
+    assert best["auto_kernel"] == "kernel_c-1_s0" and best["n_measured"] == 3
+
+    lines = bench.format_sweep_table(rows, names)
+    assert lines[0] == "configs: c0 cfg_a_128x256 | c1 cfg_b_128x128 | c2 cfg_c_64x128"
+    header = lines[2].split()
+    assert header[-4:] == ["auto", "c0", "c1", "c2"]
+    (row_line,) = [x for x in lines if x.startswith("bf16  37x29x23")]
+    assert row_line.split()[2:] == ["fwd", "2.0000", "1.000", "2.000", "ERR", "FAIL"]
+    best_lines = bench.format_sweep_best([best])
+    assert best_lines[1] == (
+        "  bf16 37x29x23 fwd: c0/s1 cfg_a_128x256 ratio 2.000 (auto 1.000 kernel_c-1_s0)"
+    )
+    progress = bench.format_sweep_progress(0, 3, rows, 1.0)
+    assert "torch 2.0000 ms" in progress and "best c0/s1 2.000" in progress
+    assert "4 ok, 2 error, 2 FAIL" not in progress and "3 ok" in progress
+
+
+def test_sweep_table_wraps_a_long_legend():
+    names = [f"sm90_tma_ws_bf16_config_number_{i:02d}_128x256x64_2x1x1" for i in range(20)]
+    lines = bench.format_sweep_table([], names)
+    assert all(len(x) <= 200 for x in lines) and len(lines) > 4
+    assert sum(x.count(" c") for x in lines[:-2]) >= 20
+
+
+def _fake_sweep_gpu(monkeypatch, names, state):
+    class Timer(SweepTimer):
+        def __init__(self, settings):
+            super().__init__(state)
+            self.settings = settings
+            self.cycles_per_ms = None
+
+        def with_settings(self, settings):
+            self.n_timed.append(settings.budget_ms)
+            return self
+
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench.cutlass_nn, "has_cuda_kernels", lambda: True)
+    monkeypatch.setattr(bench, "gemm_config_api", lambda: (list(names), state.set_config))
+    monkeypatch.setattr(bench.ops, "last_kernel_name", state.kernel_name)
+    monkeypatch.setattr(bench, "CudaTimer", Timer)
+    monkeypatch.setattr(bench, "cuda_healthy", lambda: True)
+    monkeypatch.setattr(
+        bench,
+        "collect_meta",
+        lambda argv: {"device": "Fake GPU 80GB", "l2_bytes": 1000, "torch": torch.__version__},
+    )
+    monkeypatch.setattr(
+        bench,
+        "build_sweep_case",
+        lambda op, shape, prec, l2_bytes: bench.build_gemm_case(
+            op, *shape, prec, l2_bytes=l2_bytes, device="cpu"
+        ),
+    )
+
+
+def test_sweep_main_end_to_end_with_fakes(monkeypatch, tmp_path, capsys):
+    state = SweepState()
+    state.patch_linear(monkeypatch)
+    _fake_sweep_gpu(monkeypatch, ["cfg_a", "cfg_b", "cfg_c"], state)
+    argv = ["--sweep", "--sweep-shapes", "37x29x23,16x24x8", "--out", str(tmp_path)]
+    assert bench.main(argv + ["--budget-ms", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "3 configurations x swizzles [1, 4] + auto = 7 variants, 6 (shape, op) groups" in out
+    assert "best configuration per shape and op" in out
+    assert "bf16 37x29x23 fwd: c0/s1 cfg_a ratio 2.000 (auto 1.000 kernel_c-1_s0)" in out
+    (json_path,) = tmp_path.glob("sweep_fake-gpu-80gb_*.json")
+    results = json.loads(json_path.read_text())
+    assert results["mode"] == "sweep" and results["configs"] == ["cfg_a", "cfg_b", "cfg_c"]
+    assert results["settings"]["budget_ms"] == 5
+    rows = results["rows"]
+    assert len(rows) == 2 * 3 * 7
+    assert {(r["label"], r["op"]) for r in rows} == {
+        (label, op) for label in ("37x29x23", "16x24x8") for op in ("fwd", "dgrad", "wgrad")
+    }
+    # only the forward goes through the patched linear: dgrad / wgrad run every config fine
+    assert {r["status"] for r in rows if r["op"] != "fwd"} == {"ok"}
+    assert len(results["best"]) == 6
+    assert state.current == [5, 7]
+    # the table again from the JSON, without a GPU
+    assert bench.main(["--plot", str(json_path)]) == 0
+    assert "best configuration per shape and op" in capsys.readouterr().out
+
+
+def test_sweep_main_errors(monkeypatch, tmp_path, capsys):
+    state = SweepState()
+    _fake_sweep_gpu(monkeypatch, [], state)
+    assert bench.main(["--sweep", "--out", str(tmp_path)]) == 2
+    assert "lists no SM90 configuration" in capsys.readouterr().err
+
+    def missing():
+        raise RuntimeError("this cutlass_nn build has no configuration override (x)")
+
+    monkeypatch.setattr(bench, "gemm_config_api", missing)
+    assert bench.main(["--sweep", "--out", str(tmp_path)]) == 2
+    assert "no configuration override" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_sweep_main_auto_failure_exits_3(monkeypatch, tmp_path, capsys):
+    state = SweepState()
+    real = cutlass_nn.functional.linear
+    monkeypatch.setattr(cutlass_nn.functional, "linear", lambda x, w, b=None: real(x, w, b) + 1)
+    _fake_sweep_gpu(monkeypatch, ["cfg_a"], state)
+    argv = ["--sweep", "--sweep-shapes", "16x24x8", "--what", "fwd", "--out", str(tmp_path)]
+    assert bench.main(argv) == 3
+    out = capsys.readouterr().out
+    assert "bf16 16x24x8 fwd: nothing measured" in out

@@ -349,8 +349,9 @@ def test_new_fp32_precision_api(tmp_path):
         y = cutlass_nn.linear(x, x, None)
         ieee_name = cutlass_nn.ops.last_kernel_name()
         torch.cuda.synchronize()
-        assert "tf32" in tf32_name, tf32_name
-        assert "tf32" not in ieee_name, ieee_name
+        assert "tf32" in tf32_name and "3xtf32" not in tf32_name, tf32_name
+        # "ieee" is fp32 accuracy: 3xTF32 (split operands) or SIMT fp32, never plain TF32
+        assert "3xtf32" in ieee_name or "simt" in ieee_name, ieee_name
         ref = x.double() @ x.double().t()
         err = float((y.double() - ref).norm() / ref.norm())
         assert err < 1e-5, err

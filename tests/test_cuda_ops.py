@@ -617,13 +617,17 @@ def test_dispatch_sm90_vs_forced_sm80(op, dtype, gen):
 
 @pytest.mark.parametrize("prec", PRECISIONS, ids=PRECISION_IDS, indirect=True)
 def test_dispatch_names_a_kernel(prec, gen):
-    """Every GEMM reports the kernel it ran; float32 uses TF32 kernels exactly when allowed."""
+    """Every GEMM reports the kernel it ran; float32 uses plain TF32 kernels exactly when allowed,
+    and fp32-accurate kernels (3xTF32 or SIMT) otherwise."""
     args = gemm_args("linear", 64, 64, 64, prec.dtype, "contig", gen)
     run_ours("linear", args)
     name = ops.last_kernel_name()
     assert name
     if prec.dtype == torch.float32:
-        assert ("tf32" in name.lower()) == prec.tf32, name
+        plain_tf32 = "tf32" in name.lower() and "3xtf32" not in name.lower()
+        assert plain_tf32 == prec.tf32, name
+        if not prec.tf32:
+            assert "3xtf32" in name or "simt" in name, name
 
 
 def test_force_sm80_restores_previous_state(gen):

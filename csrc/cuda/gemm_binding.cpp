@@ -9,6 +9,7 @@
 #include <climits>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../validation.h"
@@ -20,6 +21,9 @@ namespace cuda {
 namespace {
 
 std::atomic<bool> g_force_sm80{false};
+// Overrides of the SM90 tile configuration / scheduler swizzle (-1 / 0: the per-shape rule).
+std::atomic<int> g_sm90_config{-1};
+std::atomic<int> g_swizzle{0};
 // Process-wide (not thread-local): autograd runs CUDA backward ops on its own worker thread.
 std::atomic<const char*> g_last_kernel{""};
 
@@ -119,8 +123,90 @@ at::Tensor empty_row_major(const at::Tensor& like, int64_t m, int64_t n) {
   return at::empty({m, n}, like.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
-void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d,
-          const std::optional<at::Tensor>& bias, bool accumulate) {
+namespace {
+
+int64_t round_up8(int64_t x) { return (x + 7) / 8 * 8; }
+
+// Problems at least this large (m * n * k) with an operand the TMA kernels cannot read (a K or
+// N that is not a multiple of 8 elements for 16-bit types) are run on padded copies: one pass
+// over A, B and D costs far less than the plain-CUDA / narrow-access kernels would lose.
+constexpr double kPadMinWork = 1 << 27;
+
+// A copy of the 2-D matrix `t` [rows, cols] grown to [rows_p, cols_p] with zeros, in the same
+// storage order as `t` (a column-major view stays column-major), so the new leading dimension is
+// the padded extent.
+at::Tensor pad_matrix(const at::Tensor& t, int64_t rows_p, int64_t cols_p) {
+  const int64_t rows = t.size(0), cols = t.size(1);
+  const bool column_major = t.stride(0) == 1 && t.stride(1) != 1;
+  if (column_major) {
+    return at::constant_pad_nd(t.t(), {0, rows_p - rows, 0, cols_p - cols}).t();
+  }
+  return at::constant_pad_nd(t, {0, cols_p - cols, 0, rows_p - rows}).contiguous();
+}
+
+void set_device_for_tma(const char* op, const at::Tensor& a) {
+  // The SM90 kernels build TMA descriptors with the driver API (cuTensorMapEncodeTiled), which
+  // needs a current context on this thread. Autograd's worker threads may not have one yet
+  // (CUDA_ERROR_INVALID_CONTEXT, then a crash, was seen there); cudaSetDevice makes the
+  // device's primary context current (CUDA >= 12) and is legal during graph capture.
+  const cudaError_t set_device = cudaSetDevice(a.get_device());
+  TORCH_CHECK(set_device == cudaSuccess, "cutlass_nn.", op, ": cudaSetDevice(",
+              std::to_string(a.get_device()), ") failed: ", cudaGetErrorString(set_device));
+}
+
+// The GemmParams of D = A @ B for operands already in kernel form (no pointers for the slabs
+// yet; m and k are set per slab).
+kernels::GemmParams base_params(const Operand& A, const Operand& B, const at::Tensor& a,
+                                const at::Tensor& d, int64_t n, const DeviceInfo& info) {
+  kernels::GemmParams p;
+  p.n = n;
+  p.lda = A.ld;
+  p.layout_a = A.layout;
+  p.ldb = B.ld;
+  p.layout_b = B.layout;
+  p.ldd = d.size(0) > 1 ? d.stride(0) : n;
+  p.dtype_ab = to_kernel_dtype(a.scalar_type());
+  p.dtype_cd = to_kernel_dtype(d.scalar_type());
+  p.fp32_math = a.scalar_type() == c10::kFloat && !float32_matmul_allows_tf32()
+                    ? kernels::Fp32Math::kIeee
+                    : kernels::Fp32Math::kTf32;
+  p.arch_path = g_force_sm80.load() ? kernels::ArchPath::kSm80 : kernels::ArchPath::kAuto;
+  p.sm = info.sm;
+  p.multiprocessors = info.multiprocessors;
+  p.sm90_config = g_sm90_config.load();
+  p.swizzle = g_swizzle.load();
+  return p;
+}
+
+// Operands in kernel form: read in place where possible, never both column-major.
+std::pair<Operand, Operand> kernel_operands(const at::Tensor& a, const at::Tensor& b) {
+  Operand A = as_operand(a);
+  Operand B = as_operand(b);
+  if (A.layout == kernels::Layout::kColumnMajor && B.layout == kernels::Layout::kColumnMajor) {
+    // No kernel reads both operands column-major; one contiguous copy of A makes it row-major.
+    A = as_row_major(a);
+  }
+  return {A, B};
+}
+
+// Whether the problem should run on padded copies (see kPadMinWork): a 16-bit problem on a GPU
+// with the SM90 kernels, that the kernels would otherwise not give to an SM90 kernel.
+bool wants_padding(const kernels::GemmParams& p, int64_t m, int64_t k) {
+  if (p.sm != 90 || p.arch_path != kernels::ArchPath::kAuto) return false;
+  if (p.dtype_ab != kernels::DType::kFloat16 && p.dtype_ab != kernels::DType::kBFloat16) return false;
+  if (static_cast<double>(m) * static_cast<double>(p.n) * static_cast<double>(k) < kPadMinWork) {
+    return false;
+  }
+  if (m > INT_MAX / 2 || k > INT_MAX / 2 || p.n > INT_MAX / 2) return false;
+  kernels::GemmParams probe = p;
+  probe.m = m;
+  probe.k = k;
+  const std::string name = kernels::gemm_kernel_name(probe);
+  return name.rfind("sm90", 0) != 0;
+}
+
+void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d,
+               const std::optional<at::Tensor>& bias, bool accumulate, bool allow_padding) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0) return;
   if (k == 0) {
@@ -141,38 +227,43 @@ void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Te
                     " must be below 2^31");
 
   c10::cuda::CUDAGuard guard(a.device());
-  // The SM90 kernels build TMA descriptors with the driver API (cuTensorMapEncodeTiled), which
-  // needs a current context on this thread. Autograd's worker threads may not have one yet
-  // (CUDA_ERROR_INVALID_CONTEXT, then a crash, was seen there); cudaSetDevice makes the
-  // device's primary context current (CUDA >= 12) and is legal during graph capture.
-  const cudaError_t set_device = cudaSetDevice(a.get_device());
-  TORCH_CHECK(set_device == cudaSuccess, "cutlass_nn.", op, ": cudaSetDevice(", std::to_string(a.get_device()),
-              ") failed: ", cudaGetErrorString(set_device));
-  Operand A = as_operand(a);
-  Operand B = as_operand(b);
-  if (A.layout == kernels::Layout::kColumnMajor && B.layout == kernels::Layout::kColumnMajor) {
-    // No kernel reads both operands column-major; one contiguous copy of A makes it row-major.
-    A = as_row_major(a);
-  }
+  set_device_for_tma(op, a);
+  auto [A, B] = kernel_operands(a, b);
   at::Tensor bias_contig;
   if (bias.has_value()) bias_contig = bias->contiguous();
 
   const DeviceInfo& info = device_info(a.get_device());
-  kernels::GemmParams p;
-  p.n = n;
-  p.lda = A.ld;
-  p.layout_a = A.layout;
-  p.ldb = B.ld;
-  p.layout_b = B.layout;
-  p.ldd = d.size(0) > 1 ? d.stride(0) : n;
-  p.dtype_ab = to_kernel_dtype(a.scalar_type());
-  p.dtype_cd = to_kernel_dtype(d.scalar_type());
-  p.fp32_math = a.scalar_type() == c10::kFloat && !float32_matmul_allows_tf32()
-                    ? kernels::Fp32Math::kIeee
-                    : kernels::Fp32Math::kTf32;
-  p.arch_path = g_force_sm80.load() ? kernels::ArchPath::kSm80 : kernels::ArchPath::kAuto;
-  p.sm = info.sm;
-  p.multiprocessors = info.multiprocessors;
+  kernels::GemmParams p = base_params(A, B, a, d, n, info);
+  // Pointers are set below; the probe only needs the operand addresses for alignment.
+  p.a = A.ptr;
+  p.b = B.ptr;
+  p.d = d.data_ptr();
+  p.c = bias.has_value() && !accumulate ? bias_contig.data_ptr() : nullptr;
+  p.c_row_broadcast = bias.has_value() && !accumulate;
+  p.beta = (accumulate || bias.has_value()) ? 1.0f : 0.0f;
+  if (accumulate) {
+    p.c = p.d;
+    p.ldc = p.ldd;
+  }
+  if (allow_padding && wants_padding(p, m, k)) {
+    // Misaligned K / N (or M for a column-major A): pad the contiguous extents to multiples of 8
+    // (K with zeros, which add nothing to the sums), run the TMA kernel into a padded D, copy the
+    // [m, n] block back.
+    const bool a_col = A.layout == kernels::Layout::kColumnMajor;
+    const bool b_col = B.layout == kernels::Layout::kColumnMajor;
+    const int64_t mp = a_col ? round_up8(m) : m;
+    const int64_t kp = (!a_col || b_col) ? round_up8(k) : k;
+    const int64_t np = round_up8(n);
+    const at::Tensor ap = pad_matrix(a, mp, kp);
+    const at::Tensor bp = pad_matrix(b, kp, np);
+    at::Tensor dp = accumulate ? pad_matrix(d, mp, np) : empty_row_major(d, mp, np);
+    std::optional<at::Tensor> bias_p;
+    if (bias.has_value()) bias_p = at::constant_pad_nd(bias_contig, {0, np - n});
+    gemm_impl(op, ap, bp, dp, bias_p, accumulate, /*allow_padding=*/false);
+    d.copy_(dp.narrow(0, 0, m).narrow(1, 0, n));
+    return;
+  }
+
   const int64_t a_elem = a.element_size(), d_elem = d.element_size();
   auto* d_ptr = static_cast<char*>(d.data_ptr());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
@@ -209,6 +300,69 @@ void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Te
       run_one(op, p, a, d, info, stream);
     }
   }
+}
+
+}  // namespace
+
+void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d,
+          const std::optional<at::Tensor>& bias, bool accumulate) {
+  gemm_impl(op, a, b, d, bias, accumulate, /*allow_padding=*/true);
+}
+
+bool gemm_fused_activation(const char* op, const at::Tensor& a, const at::Tensor& b,
+                           const at::Tensor& d, const std::optional<at::Tensor>& bias,
+                           kernels::Activation activation, const at::Tensor* aux) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (m == 0 || n == 0 || k == 0) return false;
+  if (m > INT_MAX || k > INT_MAX || n > INT_MAX) return false;
+  if (!is_row_major_output(d) || (aux != nullptr && !is_row_major_output(*aux))) return false;
+
+  c10::cuda::CUDAGuard guard(a.device());
+  auto [A, B] = kernel_operands(a, b);
+  at::Tensor bias_contig;
+  if (bias.has_value()) bias_contig = bias->contiguous();
+  const DeviceInfo& info = device_info(a.get_device());
+  kernels::GemmParams p = base_params(A, B, a, d, n, info);
+  p.m = m;
+  p.k = k;
+  p.a = A.ptr;
+  p.b = B.ptr;
+  p.d = d.data_ptr();
+  if (bias.has_value()) {
+    p.beta = 1.0f;
+    p.c = bias_contig.data_ptr();
+    p.c_row_broadcast = true;
+  }
+  p.activation = activation;
+  if (aux != nullptr) {
+    p.aux = aux->data_ptr();
+    p.ldaux = aux->size(0) > 1 ? aux->stride(0) : n;
+  }
+  if (*kernels::gemm_kernel_name(p) == '\0') return false;  // no kernel fuses it here
+  set_device_for_tma(op, a);
+  run_one(op, p, a, d, info, c10::cuda::getCurrentCUDAStream(a.get_device()).stream());
+  return true;
+}
+
+std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle) {
+  TORCH_CHECK(config >= -1 && config < kernels::kSm90ConfigCount,
+              "cutlass_nn._set_gemm_config: argument 'config' must be -1 (automatic) or an index "
+              "below ", std::to_string(kernels::kSm90ConfigCount), ", got ", std::to_string(config));
+  TORCH_CHECK(swizzle >= 0 && swizzle <= 8,
+              "cutlass_nn._set_gemm_config: argument 'swizzle' must be 0 (automatic) to 8, got ",
+              std::to_string(swizzle));
+  const int previous_config = g_sm90_config.exchange(static_cast<int>(config));
+  const int previous_swizzle = g_swizzle.exchange(static_cast<int>(swizzle));
+  return {previous_config, previous_swizzle};
+}
+
+std::string gemm_config_names() {
+  std::string out;
+  for (int i = 0; i < kernels::kSm90ConfigCount; ++i) {
+    if (i > 0) out += "\n";
+    out += kernels::sm90_config_name(i);
+  }
+  return out;
 }
 
 }  // namespace cuda

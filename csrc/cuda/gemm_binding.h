@@ -6,6 +6,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
+#include <vector>
+
+#include "activation_math.h"
 
 namespace cutlass_nn {
 namespace cuda {
@@ -19,6 +23,21 @@ namespace cuda {
 // `op` names the calling operator in error messages.
 void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d,
           const std::optional<at::Tensor>& bias, bool accumulate);
+
+// D = act(A @ B + bias) with the activation fused into the GEMM epilogue, and, when `aux` is
+// given, aux = A @ B + bias (the pre-activation). d and aux: [m, n] row-major. Returns false,
+// doing nothing, when no kernel on this device fuses it (not an SM90 GPU, float32/64, or an
+// operand that is not 16-byte aligned); the caller then runs gemm() and the activation apart.
+bool gemm_fused_activation(const char* op, const at::Tensor& a, const at::Tensor& b,
+                           const at::Tensor& d, const std::optional<at::Tensor>& bias,
+                           kernels::Activation activation, const at::Tensor* aux);
+
+// Force an SM90 tile configuration (-1: the per-shape rule) and scheduler swizzle (0: default);
+// returns the previous [config, swizzle]. Process-wide. For the benchmark sweep and tests.
+std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle);
+
+// The SM90 tile configuration names, one per line, in index order.
+std::string gemm_config_names();
 
 // A row-major buffer [m, n] of `a`'s dtype (or `dtype`) on `a`'s device, for gemm() outputs.
 at::Tensor empty_row_major(const at::Tensor& like, int64_t m, int64_t n);

@@ -10,9 +10,12 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <tuple>
+
 #include "../op_checks.h"
 #include "../tensor_shapes.h"
 #include "../validation.h"
+#include "activation_cuda.h"
 #include "device_info.h"
 #include "elementwise.h"
 #include "gemm_binding.h"
@@ -44,6 +47,55 @@ at::Tensor linear_cuda(const at::Tensor& input, const at::Tensor& weight,
   at::Tensor y = at::empty(with_last_dim(input, weight.size(0)), input.options());
   gemm("linear", x, weight.t(), y.view({x.size(0), weight.size(0)}), bias, /*accumulate=*/false);
   return y;
+}
+
+// out = act(x W^T + b) and, with want_preact, also z = x W^T + b. One GEMM with the bias and the
+// activation in its epilogue where a kernel fuses them (SM90, 16-bit, 16-byte aligned operands);
+// otherwise the GEMM with the bias fused, then one elementwise pass for the activation (which
+// then reads z rounded to the tensor dtype: for 16-bit outputs act(round(z)) instead of the
+// fused epilogue's act(z), a difference within one rounding of the output).
+std::tuple<at::Tensor, at::Tensor> linear_act_impl(const char* op, const at::Tensor& input,
+                                                   const at::Tensor& weight,
+                                                   const std::optional<at::Tensor>& bias,
+                                                   c10::string_view activation,
+                                                   bool want_preact) {
+  check_linear_args(op, input, weight, bias);
+  const kernels::Activation act = parse_activation(op, activation);
+  const at::Tensor x = flatten_leading(input);
+  const int64_t rows = x.size(0), n = weight.size(0);
+  const auto shape = with_last_dim(input, n);
+  at::Tensor out = at::empty(shape, input.options());
+  at::Tensor preact = want_preact ? at::empty(shape, input.options()) : at::Tensor();
+  if (act != kernels::Activation::kIdentity) {
+    at::Tensor preact2d = want_preact ? preact.view({rows, n}) : at::Tensor();
+    if (gemm_fused_activation(op, x, weight.t(), out.view({rows, n}), bias, act,
+                              want_preact ? &preact2d : nullptr)) {
+      return {out, preact};
+    }
+    if (want_preact) {
+      gemm(op, x, weight.t(), preact.view({rows, n}), bias, /*accumulate=*/false);
+      apply_activation_cuda_out(op, preact, out, act);
+      return {out, preact};
+    }
+    gemm(op, x, weight.t(), out.view({rows, n}), bias, /*accumulate=*/false);
+    apply_activation_cuda_(op, out, act);
+    return {out, preact};
+  }
+  gemm(op, x, weight.t(), out.view({rows, n}), bias, /*accumulate=*/false);
+  if (want_preact) preact.copy_(out);
+  return {out, preact};
+}
+
+at::Tensor linear_act_cuda(const at::Tensor& input, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  return std::get<0>(linear_act_impl("linear_act", input, weight, bias, activation, false));
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_act_aux_cuda(const at::Tensor& input,
+                                                       const at::Tensor& weight,
+                                                       const std::optional<at::Tensor>& bias,
+                                                       c10::string_view activation) {
+  return linear_act_impl("linear_act_aux", input, weight, bias, activation, true);
 }
 
 at::Tensor linear_dgrad_cuda(const at::Tensor& grad_output, const at::Tensor& weight) {
@@ -142,6 +194,8 @@ at::Tensor add2_cuda(const at::Tensor& a, const at::Tensor& b) {
 
 TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
   m.impl("linear", &linear_cuda);
+  m.impl("linear_act", &linear_act_cuda);
+  m.impl("linear_act_aux", &linear_act_aux_cuda);
   m.impl("linear_dgrad", &linear_dgrad_cuda);
   m.impl("linear_wgrad", &linear_wgrad_cuda);
   m.impl("linear_wgrad_accumulate_", &linear_wgrad_accumulate_cuda);

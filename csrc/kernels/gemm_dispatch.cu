@@ -4,9 +4,11 @@
 //
 // Selection (first registry row that fits, rows are in priority order):
 //   1. kSm90TmaWs     only if sm == 90, arch_path == kAuto, 16-bit A/B, every operand 16-byte
-//                     aligned, and (for a row-broadcast bias) beta == 1.
+//                     aligned, and (for a row-broadcast bias) beta == 1; among its tile
+//                     configurations the one choose_sm90_config() names for the problem shape.
+//                     The only family with fused activation epilogues.
 //   2. kSm80TensorOp  sm >= 80; highest alignment first (f16/bf16: 8 then 2; tf32: 4 then 1, only
-//                     with Fp32Math::kTf32; f64 DMMA: 1).
+//                     with Fp32Math::kTf32; 3xTF32: 4, only with Fp32Math::kIeee; f64 DMMA: 1).
 //   3. kSm80Simt      fp32 (IEEE, or TF32 requested but nothing tensor-op fits).
 //   4. kFallback      any alignment / layout (A ColumnMajor with B ColumnMajor excepted).
 #include <climits>
@@ -20,10 +22,11 @@ namespace kernels {
 namespace {
 
 const KernelEntry kKernels[] = {
-#define CUTLASS_NN_KERNEL(fam, ab, cd, la, lb, align, align_cd, config, name)                 \
-  {KernelFamily::fam, DType::ab, DType::cd, Layout::la, Layout::lb, align, align_cd, name,   \
-   &launch<KernelTag<KernelFamily::fam, DType::ab, DType::cd, Layout::la, Layout::lb, align, \
-                     config>>},
+#define CUTLASS_NN_KERNEL(fam, ab, cd, la, lb, align, align_cd, config, epi, name)            \
+  {KernelFamily::fam, DType::ab,  DType::cd, Layout::la, Layout::lb, align, align_cd, config,  \
+   EpilogueKind::epi, name,                                                                   \
+   &launch<KernelTag<KernelFamily::fam, DType::ab, DType::cd, Layout::la, Layout::lb, align,  \
+                     config, EpilogueKind::epi>>},
 #include "generated/kernel_registry.inc"
 #undef CUTLASS_NN_KERNEL
 };
@@ -88,6 +91,31 @@ bool valid_dtypes(DType ab, DType cd) {
   return cd == ab;
 }
 
+// SM90 tile configurations that have fused-activation kernels (SM90_ACT_CONFIGS of the
+// generator): another choice is mapped to the nearest of these for a fused epilogue.
+bool has_act_kernels(int config) { return config == 0 || config == 2; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+// The per-shape rule (from the configuration sweep recorded in benchmarks/NOTES.md):
+//   * few output tiles (a 128x256 grid filling under half the SMs: decode-like small M, or a
+//     small N): config 2, 128x128 tiles with stream-K, which spreads K over every SM;
+//   * otherwise config 0 (128x256, 2x1 cluster, persistent), unless its last wave would leave
+//     more than a third of the SMs idle, where config 1 (the same with stream-K) fills them.
+int choose_sm90_config(const GemmParams& p) {
+  const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
+  const int64_t tiles = ceil_div(p.m, 128) * ceil_div(p.n, 256);
+  if (tiles * 2 < sms) return 2;
+  const int64_t waves = ceil_div(tiles, sms);
+  const int64_t last_wave = tiles - (waves - 1) * sms;
+  if (waves <= 4 && last_wave * 3 < sms * 2) return 1;
+  return 0;
+}
+
+namespace {
+
 const KernelEntry* select_kernel(const GemmParams& p) {
   if (p.sm < 80) return nullptr;
   if (p.m < 1 || p.n < 1 || p.k < 1) return nullptr;
@@ -100,14 +128,32 @@ const KernelEntry* select_kernel(const GemmParams& p) {
   const int align_a = operand_alignment(p.a, p.lda, a_row ? p.k : p.m, a_row ? p.m : p.k, es_ab);
   const int align_b = operand_alignment(p.b, p.ldb, b_row ? p.n : p.k, b_row ? p.k : p.n, es_ab);
   const int align_d = operand_alignment(p.d, p.ldd, p.n, p.m, es_cd);
-  const int align_c = p.c_row_broadcast ? operand_alignment(p.c, 0, p.n, 1, es_cd)
-                                        : operand_alignment(p.c, p.ldc, p.n, p.m, es_cd);
+  int align_c = p.c_row_broadcast ? operand_alignment(p.c, 0, p.n, 1, es_cd)
+                                  : operand_alignment(p.c, p.ldc, p.n, p.m, es_cd);
   const int align_ab = align_a < align_b ? align_a : align_b;
-  const int align_cd = align_c < align_d ? align_c : align_d;
+  int align_cd = align_c < align_d ? align_c : align_d;
   const bool fits_int = p.m <= INT_MAX && p.n <= INT_MAX && p.k <= INT_MAX;
+
+  // A fused epilogue: D = act(acc + bias) only (no alpha, no accumulation into C).
+  const bool fused = has_fused_epilogue(p);
+  const EpilogueKind want = !fused ? EpilogueKind::kLinComb
+                                   : (p.aux != nullptr ? EpilogueKind::kActAux : EpilogueKind::kAct);
+  if (fused) {
+    if (p.alpha != 1.0f || (p.beta != 0.0f && !p.c_row_broadcast)) return nullptr;
+    if (p.aux != nullptr) {
+      const int align_aux = operand_alignment(p.aux, p.ldaux, p.n, p.m, es_cd);
+      if (align_aux < align_cd) align_cd = align_aux;
+    }
+  }
+
+  // The SM90 configuration: forced (sweep / tests), else the rule; fused epilogues exist for
+  // some configurations only.
+  int config = p.sm90_config >= 0 ? p.sm90_config : choose_sm90_config(p);
+  if (fused && !has_act_kernels(config)) config = choose_sm90_config(p) == 2 ? 2 : 0;
 
   for (const KernelEntry& e : kKernels) {
     if (e.dtype_ab != p.dtype_ab || e.dtype_cd != p.dtype_cd) continue;
+    if (e.epilogue != want) continue;
     if (e.family != KernelFamily::kFallback &&
         (e.layout_a != p.layout_a || e.layout_b != p.layout_b || !fits_int)) {
       continue;
@@ -117,9 +163,13 @@ const KernelEntry* select_kernel(const GemmParams& p) {
       case KernelFamily::kSm90TmaWs:
         if (p.sm != 90 || p.arch_path != ArchPath::kAuto) continue;
         if (p.c_row_broadcast && p.beta != 1.0f) continue;  // the fused bias is not scaled
+        if (e.config != config) continue;
         break;
       case KernelFamily::kSm80TensorOp:
-        if (p.dtype_ab == DType::kFloat32 && p.fp32_math != Fp32Math::kTf32) continue;
+        if (p.dtype_ab == DType::kFloat32) {
+          // config 0: TF32 (allowed by the matmul precision); config 1: 3xTF32 (fp32 accuracy)
+          if (e.config != (p.fp32_math == Fp32Math::kTf32 ? 0 : 1)) continue;
+        }
         if (p.n > kSm80MaxN) continue;
         break;
       case KernelFamily::kSm80Simt:
@@ -155,6 +205,16 @@ const char* gemm_status_string(GemmStatus status) {
   return "unknown GemmStatus";
 }
 
+const char* sm90_config_name(int config) {
+  switch (config) {
+    case 0: return "128x256x64_2x1x1_coop";
+    case 1: return "128x256x64_2x1x1_coop_streamk";
+    case 2: return "128x128x64_1x1x1_coop_streamk";
+    case 3: return "128x128x64_1x2x1_pingpong";
+  }
+  return nullptr;
+}
+
 const char* gemm_kernel_name(const GemmParams& params) {
   const KernelEntry* e = select_kernel(normalize(params));
   return e != nullptr ? e->name : "";
@@ -177,8 +237,12 @@ GemmStatus run_gemm(const GemmParams& params, void* workspace, size_t workspace_
   if (e == nullptr) {
     if (detail != nullptr) {
       *detail =
-          "no compiled GEMM kernel for this combination (needs sm >= 80; dtype_cd must equal "
-          "dtype_ab or be float32 for 16-bit A/B; A and B may not both be column-major)";
+          has_fused_epilogue(params)
+              ? "no compiled kernel fuses this epilogue (fused activations need an SM90 GPU, "
+                "16-bit dtypes and 16-byte aligned operands)"
+              : "no compiled GEMM kernel for this combination (needs sm >= 80; dtype_cd must "
+                "equal dtype_ab or be float32 for 16-bit A/B; A and B may not both be "
+                "column-major)";
     }
     return GemmStatus::kUnsupported;
   }

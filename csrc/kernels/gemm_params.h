@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "activation_math.h"  // Activation
+
 namespace cutlass_nn {
 namespace kernels {
 
@@ -31,6 +33,7 @@ enum class ArchPath : int {
 };
 
 // D[m, n] = alpha * sum_k A[m, k] * B[k, n] + beta * C[m, n]
+//   or, with an activation: Z = A @ B + bias, D = act(Z), and Z also written to `aux` if set.
 //
 // A is m x k, B is k x n, C and D are m x n and RowMajor. C may alias D (in-place
 // accumulation, beta = 1). C may be a row vector broadcast over rows: c_row_broadcast = true
@@ -63,7 +66,25 @@ struct GemmParams {
   ArchPath arch_path = ArchPath::kAuto;
   int sm = 0;              // compute capability of the device, major * 10 + minor
   int multiprocessors = 0;  // number of SMs of the device (for kernels that size grids by it)
+
+  // Fused epilogue (SM90 kernels only; run_gemm() returns kUnsupported where no kernel fuses it,
+  // and the caller then applies the activation itself). Needs alpha == 1 and beta == 0 or a
+  // row-broadcast bias. aux: optional RowMajor [m, n] output of the pre-activation, ldaux apart.
+  Activation activation = Activation::kIdentity;
+  void* aux = nullptr;
+  int64_t ldaux = 0;
+
+  // Kernel-selection overrides (benchmark sweep, tests): sm90_config >= 0 forces that SM90 tile
+  // configuration (Sm90TileConfig<N>); swizzle > 0 sets the tile scheduler's swizzle. The
+  // defaults (-1, 0) follow the per-shape rule of gemm_dispatch.cu.
+  int sm90_config = -1;
+  int swizzle = 0;
 };
+
+// True when params ask for a fused epilogue (an activation or an aux output).
+inline bool has_fused_epilogue(const GemmParams& p) {
+  return p.activation != Activation::kIdentity || p.aux != nullptr;
+}
 
 enum class GemmStatus : int {
   kSuccess = 0,
@@ -76,6 +97,14 @@ enum class GemmStatus : int {
 };
 
 const char* gemm_status_string(GemmStatus status);
+
+// Number of SM90 tile configurations, and the name of one (nullptr past the end); index =
+// GemmParams::sm90_config.
+constexpr int kSm90ConfigCount = 4;
+const char* sm90_config_name(int config);
+
+// The SM90 tile configuration the per-shape rule picks for these params (ignores sm90_config).
+int choose_sm90_config(const GemmParams& params);
 
 // Human-readable name of the kernel that run_gemm() would pick for these params ("" if none).
 // Used in error messages and by tests that check the dispatch.

@@ -19,9 +19,18 @@ enum class KernelFamily : int {
   kFallback = 3,      // plain CUDA smem-tiled kernel (gemm_fallback.cuh): any alignment, runtime layout
 };
 
+// What the epilogue computes (SM90 family only; the other families are kLinComb).
+enum class EpilogueKind : int {
+  kLinComb = 0,  // D = alpha * acc + beta * C (+ bias[n])
+  kAct = 1,      // D = act(acc + bias[n]), act chosen at run time (GemmParams::activation)
+  kActAux = 2,   // the same, plus aux = acc + bias[n] (the pre-activation)
+};
+
 // Compile-time identity of one kernel. Align is the A/B access width in elements; Config selects
-// a tile configuration of the family (see Sm90TileConfig in gemm_sm90.cuh).
-template <KernelFamily F, DType AB, DType CD, Layout LA, Layout LB, int Align, int Config = 0>
+// a tile configuration of the family (see Sm90TileConfig in gemm_sm90.cuh); Epi the
+// epilogue.
+template <KernelFamily F, DType AB, DType CD, Layout LA, Layout LB, int Align, int Config = 0,
+          EpilogueKind Epi = EpilogueKind::kLinComb>
 struct KernelTag {};
 
 // Runs (or, if workspace_query != nullptr, only sizes the workspace of) the kernel named by Tag.
@@ -42,6 +51,8 @@ struct KernelEntry {
   Layout layout_b;
   int align_ab;     // required alignment (elements) of A and B: pointer, ld and contiguous extent
   int align_cd;     // required alignment (elements) of C and D
+  int config;       // tile configuration within the family (SM90: Sm90TileConfig<config>)
+  EpilogueKind epilogue;
   const char* name;
   LaunchFn fn;
 };

@@ -6,7 +6,11 @@
 // Families (see gemm_registry.h):
 //   kSm80TensorOp: f16/bf16 -> mma 16x8x16, fp32 accumulate; f32 -> TF32 mma 16x8x8;
 //                  f64 -> DMMA 8x8x4 (double accumulate)
-//   kSm80Simt:     f32 SIMT FMA (full IEEE fp32)
+//                  f32 with Config 1 -> 3xTF32 (OpMultiplyAddFastF32): each fp32 operand is split
+//                  into a TF32 "big" part and a TF32 remainder, and big*big + big*small +
+//                  small*big are accumulated in fp32: fp32-level accuracy on tensor cores, the
+//                  path for float32 matmul precision "highest"
+//   kSm80Simt:     f32 SIMT FMA (full IEEE fp32; operands that 3xTF32 cannot take)
 //
 // Row-broadcast bias (C[i, j] = c[j]) uses ldc = 0 (the trick of CUTLASS example
 // 12_gemm_bias_relu): the epilogue's source iterator then re-reads row 0 for every row.
@@ -72,8 +76,12 @@ struct Sm80Config<KernelFamily::kSm80Simt, DType::kFloat32> {  // IEEE fp32 SIMT
   static constexpr int kStages = 3;
 };
 
-template <KernelFamily F, DType AB, DType CD, Layout LA, Layout LB, int Align>
+template <KernelFamily F, DType AB, DType CD, Layout LA, Layout LB, int Align, int Config>
 struct Sm80Gemm {
+  static_assert(Config == 0 || (F == KernelFamily::kSm80TensorOp && AB == DType::kFloat32),
+                "Config 1 (3xTF32) exists for the fp32 tensor-op kernels only");
+  using MathOperator = typename std::conditional<Config == 1, cutlass::arch::OpMultiplyAddFastF32,
+                                                 cutlass::arch::OpMultiplyAdd>::type;
   using Cfg = Sm80Config<F, AB>;
   using ElementA = element_t<AB>;
   using ElementB = element_t<AB>;
@@ -94,7 +102,7 @@ struct Sm80Gemm {
       ElementAccumulator, typename Cfg::OpClass, cutlass::arch::Sm80,
       typename Cfg::ThreadblockShape, typename Cfg::WarpShape, typename Cfg::InstructionShape,
       EpilogueOp, cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>, Cfg::kStages,
-      Align, Align, cutlass::arch::OpMultiplyAdd>;
+      Align, Align, MathOperator>;
 
   static typename Gemm::Arguments make_arguments(const GemmParams& p) {
     // ldc = 0 broadcasts row 0 of C (the bias vector) over all rows.
@@ -113,10 +121,10 @@ struct Sm80Gemm {
 }  // namespace detail
 
 template <KernelFamily F, DType AB, DType CD, Layout LA, Layout LB, int Align, int Config>
-struct KernelImpl<KernelTag<F, AB, CD, LA, LB, Align, Config>> {
+struct KernelImpl<KernelTag<F, AB, CD, LA, LB, Align, Config, EpilogueKind::kLinComb>> {
   static_assert(F == KernelFamily::kSm80TensorOp || F == KernelFamily::kSm80Simt,
                 "gemm_sm80.cuh implements the SM80 families only");
-  using Op = detail::Sm80Gemm<F, AB, CD, LA, LB, Align>;
+  using Op = detail::Sm80Gemm<F, AB, CD, LA, LB, Align, Config>;
 
   static GemmStatus launch(const GemmParams& p, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, const char** detail, size_t* workspace_query) {

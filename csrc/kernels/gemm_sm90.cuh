@@ -1,6 +1,8 @@
 // CUTLASS 3.x SM90 (Hopper) GEMM: TMA loads, warp-specialized WGMMA mainloop, TMA epilogue.
 //
-//   D = alpha * (A @ B) + beta * C + bias[n]        (fusion::LinCombPerColBias)
+//   D = alpha * (A @ B) + beta * C + bias[n]        (EpilogueKind::kLinComb)
+//   D = act(A @ B + bias[n])                        (kAct)
+//   aux = A @ B + bias[n], D = act(aux)             (kActAux: the pre-activation for backward)
 //
 // A/B are 16-bit (f16 / bf16), accumulation is fp32, C/D are RowMajor with the A/B dtype or fp32.
 // "PerColBias" in CUTLASS is a Sm90RowBroadcast with stride (_0, _1): one value per column n,
@@ -19,55 +21,148 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/kernel_hardware_info.h"
+#include "activation_math.h"
 #include "gemm_launch.cuh"
 
 namespace cutlass_nn {
 namespace kernels {
 
-// Tile configurations of the SM90 family. Config 0 is the default (best single config measured
-// on H200 for large bf16 GEMMs, see GUIDE.md). Add a specialization + a generator entry to add one.
+// Tile configurations of the SM90 family, indexed by KernelTag's Config. The dispatcher's
+// per-shape rule (gemm_dispatch.cu, choose_sm90_config) picks one; the benchmark's --sweep mode
+// times each of them. To add one: a specialization here, its name in scripts/generate_kernels.py
+// (SM90_CONFIGS), rerun the generator, and a line in the rule.
 template <int Config>
 struct Sm90TileConfig;
 
+// 0: the large-problem default: 128x256 CTA tile, 2-CTA cluster along M, cooperative (both
+// consumer warpgroups on one tile), persistent data-parallel scheduler.
 template <>
 struct Sm90TileConfig<0> {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+
+// 1: config 0 with the stream-K scheduler: the K loop of the last, partial wave is split
+// across the idle SMs (fixes wave quantization when the tile count is not a multiple of SMs).
+template <>
+struct Sm90TileConfig<1> {
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileScheduler = cutlass::gemm::StreamKScheduler;
+};
+
+// 2: 128x128 tile, no cluster, stream-K: for few output tiles (decode-like small M, or small
+// N): the K dimension is spread over all SMs so the whole GPU streams the weight.
+template <>
+struct Sm90TileConfig<2> {
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileScheduler = cutlass::gemm::StreamKScheduler;
+};
+
+// 3: 128x128 tile, 2-CTA cluster along N, ping-pong (the two consumer warpgroups alternate
+// between tiles, so one's epilogue overlaps the other's mainloop), persistent.
+template <>
+struct Sm90TileConfig<3> {
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+
+// An activation chosen at run time (GemmParams::activation), evaluated on the fp32 value
+// z = acc + bias in the epilogue with the same scalar math as the elementwise kernels and the
+// CPU reference (activation_math.h). CUTLASS's Sm90Compute passes `Arguments` to functors that
+// declare it, so one kernel serves every activation; the branch is uniform across the grid.
+template <class T>
+struct RuntimeActivation {
+  static constexpr bool kIsHeavy = true;
+  struct Arguments {
+    Activation kind = Activation::kIdentity;
+  };
+  CUTLASS_HOST_DEVICE T operator()(T const& z, Arguments const& args) const {
+    return T(activation_forward(args.kind, static_cast<float>(z)));
+  }
+};
+
+template <class T, int N>
+struct RuntimeActivation<cutlass::Array<T, N>> {
+  static constexpr bool kIsHeavy = true;
+  using Arguments = typename RuntimeActivation<T>::Arguments;
+  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& z,
+                                                      Arguments const& args) const {
+    cutlass::Array<T, N> out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) out[i] = T(activation_forward(args.kind, static_cast<float>(z[i])));
+    return out;
+  }
+};
+
+// The epilogue fusion of each Epilogue kind (see gemm_registry.h).
+template <EpilogueKind E, class ElementCD>
+struct Sm90Fusion;
+
+template <class ElementCD>
+struct Sm90Fusion<EpilogueKind::kLinComb, ElementCD> {
+  // D = alpha * acc + beta * C + bias[n]; bias has the output dtype.
+  using Op = cutlass::epilogue::fusion::LinCombPerColBias<ElementCD, float, ElementCD, ElementCD,
+                                                          float>;
+};
+
+template <class ElementCD>
+struct Sm90Fusion<EpilogueKind::kAct, ElementCD> {
+  // D = act(alpha * acc + bias[n])
+  using Op = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeActivation, ElementCD,
+                                                                float, ElementCD, ElementCD,
+                                                                float>;
+};
+
+template <class ElementCD>
+struct Sm90Fusion<EpilogueKind::kActAux, ElementCD> {
+  // aux = alpha * acc + bias[n] (the pre-activation, row-major like D); D = act(aux)
+  using Op = cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<
+      cutlass::layout::RowMajor, RuntimeActivation, ElementCD, float, ElementCD, ElementCD,
+      ElementCD, float>;
 };
 
 // The CUTLASS type, parameterized by everything a per-shape selection may want to vary.
-template <class ElementAB, class ElementCD, class LayoutA, class LayoutB, class TileShape,
-          class ClusterShape, class KernelSchedule, class EpilogueSchedule>
+template <class ElementAB, class ElementCD, class LayoutA, class LayoutB, class Cfg,
+          EpilogueKind Epi>
 struct Sm90Gemm {
   using ElementAccumulator = float;
   using ElementCompute = float;
+  using TileShape = typename Cfg::TileShape;
+  using ClusterShape = typename Cfg::ClusterShape;
   static constexpr int kAlignmentAB = 128 / cutlass::sizeof_bits<ElementAB>::value;  // 16 bytes
   static constexpr int kAlignmentCD = 128 / cutlass::sizeof_bits<ElementCD>::value;
 
-  // D = alpha * acc + beta * C + bias[n]; bias has the output dtype.
-  using FusionOp =
-      cutlass::epilogue::fusion::LinCombPerColBias<ElementCD, ElementCompute, ElementCD, ElementCD,
-                                                   ElementCompute>;
+  using FusionOp = typename Sm90Fusion<Epi, ElementCD>::Op;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementCompute,
       ElementCD, cutlass::layout::RowMajor, kAlignmentCD,  // C
       ElementCD, cutlass::layout::RowMajor, kAlignmentCD,  // D
-      EpilogueSchedule, FusionOp>::CollectiveOp;
+      typename Cfg::EpilogueSchedule, FusionOp>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA, kAlignmentAB,
       ElementAB, LayoutB, kAlignmentAB, ElementAccumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      KernelSchedule>::CollectiveOp;
+      typename Cfg::KernelSchedule>::CollectiveOp;
 
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                           CollectiveEpilogue>;
+                                           CollectiveEpilogue, typename Cfg::TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   using StrideA = typename Gemm::GemmKernel::StrideA;
@@ -110,6 +205,9 @@ struct Sm90Gemm {
          stride_b},
         {{}, static_cast<const ElementCD*>(p.c), stride_c, static_cast<ElementCD*>(p.d), stride_d},
         hw_info};
+    // Rasterization swizzle of the tile scheduler (1 = none): neighbouring CTAs share A or B
+    // tiles in L2.
+    if (p.swizzle > 0) args.scheduler.max_swizzle_size = p.swizzle;
 
     auto& fusion = args.epilogue.thread;
     fusion.alpha = p.alpha;
@@ -126,16 +224,21 @@ struct Sm90Gemm {
       fusion.beta = p.beta;
       fusion.bias_ptr = nullptr;
     }
+    if constexpr (Epi != EpilogueKind::kLinComb) {
+      fusion.activation.kind = p.activation;
+    }
+    if constexpr (Epi == EpilogueKind::kActAux) {
+      fusion.aux_ptr = static_cast<ElementCD*>(p.aux);
+      fusion.dAux = cute::make_stride(p.ldaux, _1{}, int64_t(0));
+    }
     return args;
   }
 };
 
-template <DType AB, DType CD, Layout LA, Layout LB, int Align, int Config>
-struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Config>> {
-  using Cfg = Sm90TileConfig<Config>;
+template <DType AB, DType CD, Layout LA, Layout LB, int Align, int Config, EpilogueKind Epi>
+struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Config, Epi>> {
   using Op = Sm90Gemm<detail::element_t<AB>, detail::element_t<CD>, detail::layout_t<LA>,
-                      detail::layout_t<LB>, typename Cfg::TileShape, typename Cfg::ClusterShape,
-                      typename Cfg::KernelSchedule, typename Cfg::EpilogueSchedule>;
+                      detail::layout_t<LB>, Sm90TileConfig<Config>, Epi>;
   static_assert(Align == Op::kAlignmentAB, "SM90 kernels use 16-byte alignment");
 
   static GemmStatus launch(const GemmParams& p, void* workspace, size_t workspace_bytes,

@@ -1,0 +1,191 @@
+"""Kernel selection on a CUDA GPU: every SM90 tile configuration (forced, as the benchmark sweep
+forces them) against a float64 reference, the scheduler swizzle, the padded path that gives
+misaligned (odd K / N) problems to the TMA kernels, and the 3xTF32 path of float32 "highest"."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import cutlass_nn
+from cuda_helpers import (
+    CUDA_MARKS,
+    FLOOR_16BIT_INTO_F32,
+    GEMM_OPS,
+    check_close,
+    clone_all,
+    gemm_args,
+    gemm_out_shape,
+    make_matrix,
+    matmul_precision,
+    run_ours,
+    run_torch,
+    seeded_generator,
+    to64,
+    assert_unchanged,
+)
+
+pytestmark = CUDA_MARKS
+
+ops = cutlass_nn.ops
+FLOOR_16 = 2e-3
+
+
+@pytest.fixture
+def gen(request):
+    return seeded_generator(request.node.nodeid)
+
+
+def _needs_sm90():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an SM 9.0 (Hopper) GPU")
+    if "90a" not in cutlass_nn.build_info()["cuda_archs"]:
+        pytest.skip("the extension was built without sm_90a kernels")
+
+
+def _config_names() -> list[str]:
+    return [n for n in torch.ops.cutlass_nn._gemm_configs().split("\n") if n]
+
+
+@contextlib.contextmanager
+def _forced(config: int, swizzle: int = 0):
+    previous = torch.ops.cutlass_nn._set_gemm_config(config, swizzle)
+    try:
+        yield
+    finally:
+        torch.ops.cutlass_nn._set_gemm_config(*previous)
+
+
+def test_config_names_listed():
+    names = _config_names()
+    assert len(names) == 4 and len(set(names)) == 4, names
+    assert names[0] == "128x256x64_2x1x1_coop"
+
+
+def test_set_gemm_config_rejects_bad_values():
+    with pytest.raises(RuntimeError, match=r"_set_gemm_config: argument 'config'"):
+        torch.ops.cutlass_nn._set_gemm_config(99, 0)
+    with pytest.raises(RuntimeError, match=r"_set_gemm_config: argument 'swizzle'"):
+        torch.ops.cutlass_nn._set_gemm_config(-1, 100)
+    assert list(torch.ops.cutlass_nn._set_gemm_config(-1, 0)) == [-1, 0]
+
+
+# (M, N, K): a multi-wave aligned problem, a decode-like small M, and one whose M and N are not
+# multiples of the tile (partial tiles on both edges), K not a multiple of the 64-deep k-block.
+CONFIG_SHAPES = {"aligned": (512, 768, 1024), "small_m": (16, 1024, 2048), "edges": (1000, 1032, 520)}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("shape", CONFIG_SHAPES.values(), ids=CONFIG_SHAPES.keys())
+@pytest.mark.parametrize("op", GEMM_OPS)
+@pytest.mark.parametrize("config", range(4))
+def test_each_sm90_config(config, op, shape, dtype, gen):
+    _needs_sm90()
+    m, n, k = shape
+    args = gemm_args(op, m, n, k, dtype, "contig", gen)
+    before = clone_all(args)
+    with _forced(config):
+        ours = run_ours(op, args)
+        name = ops.last_kernel_name()
+    context = f"{op} {shape} config={config} {dtype}"
+    assert _config_names()[config] in name, f"{context}: ran {name}"
+    assert ours.shape == gemm_out_shape(op, m, n, k)
+    check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)
+    assert_unchanged(args, before, context)
+
+
+@pytest.mark.parametrize("config", range(4))
+def test_each_sm90_config_fp32_accumulation(config, gen):
+    """The fp32-output wgrad kernels (an fp32 main gradient, beta = 1 with C == D)."""
+    _needs_sm90()
+    m, n, k = 300, 264, 136
+    dy = make_matrix(m, n, torch.bfloat16, "contig", gen)
+    x = make_matrix(m, k, torch.bfloat16, "contig", gen)
+    gw = make_matrix(n, k, torch.float32, "contig", gen)
+    start = gw.clone()
+    with _forced(config):
+        ops.linear_wgrad_accumulate_(gw, dy, x)
+        name = ops.last_kernel_name()
+    assert _config_names()[config] in name and "f32" in name, name
+    ref64 = start.double() + dy.double().t() @ x.double()
+    check_close(gw, start + torch.mm(dy.t().float(), x.float()), ref64, FLOOR_16BIT_INTO_F32,
+                f"config {config}")
+
+
+@pytest.mark.parametrize("swizzle", [1, 2, 4, 8])
+def test_scheduler_swizzle(swizzle, gen):
+    _needs_sm90()
+    args = gemm_args("linear", 1024, 2048, 256, torch.bfloat16, "contig", gen)
+    with _forced(0, swizzle):
+        ours = run_ours("linear", args)
+    check_close(ours, run_torch("linear", args), run_torch("linear", to64(args)), FLOOR_16,
+                f"swizzle {swizzle}")
+
+
+def test_rule_gives_small_m_a_stream_k_kernel(gen):
+    """A decode-like problem (16 rows) must not run the 128x256 persistent kernel, whose 32 tiles
+    would leave three quarters of the SMs idle."""
+    _needs_sm90()
+    args = gemm_args("linear_nobias", 16, 4096, 4096, torch.bfloat16, "contig", gen)
+    run_ours("linear_nobias", args)
+    assert "streamk" in ops.last_kernel_name(), ops.last_kernel_name()
+
+
+# Misaligned problems large enough (m * n * k >= 2^27) for the padded TMA path.
+ODD_SHAPES = {"odd_kn": (520, 1027, 1029), "odd_m": (515, 1031, 1024), "odd_all": (777, 333, 999)}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("shape", ODD_SHAPES.values(), ids=ODD_SHAPES.keys())
+@pytest.mark.parametrize("op", GEMM_OPS)
+def test_misaligned_problems_run_padded_on_sm90(op, shape, dtype, gen):
+    _needs_sm90()
+    m, n, k = shape
+    args = gemm_args(op, m, n, k, dtype, "contig", gen)
+    before = clone_all(args)
+    ours = run_ours(op, args)
+    name = ops.last_kernel_name()
+    context = f"{op} {shape} {dtype}"
+    assert name.startswith("sm90"), f"{context}: ran {name}"
+    assert ours.shape == gemm_out_shape(op, m, n, k) and ours.is_contiguous()
+    check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)
+    assert_unchanged(args, before, context)
+
+
+@pytest.mark.parametrize("acc_dtype", [torch.bfloat16, torch.float32], ids=["same", "f32"])
+def test_misaligned_accumulation_padded(acc_dtype, gen):
+    """In-place accumulation on the padded path: existing values kept, padding never written."""
+    _needs_sm90()
+    m, n, k = 1001, 515, 517
+    dy = make_matrix(m, n, torch.bfloat16, "contig", gen)
+    x = make_matrix(m, k, torch.bfloat16, "contig", gen)
+    buf = torch.full((n, k + 3), float("nan"), dtype=acc_dtype, device="cuda")
+    gw = buf[:, :k]
+    gw.copy_(make_matrix(n, k, acc_dtype, "contig", gen))
+    start = gw.clone()
+    ops.linear_wgrad_accumulate_(gw, dy, x)
+    assert ops.last_kernel_name().startswith("sm90"), ops.last_kernel_name()
+    ref64 = start.double() + dy.double().t() @ x.double()
+    if acc_dtype == torch.float32:
+        torch_same, floor = start + torch.mm(dy.t().float(), x.float()), FLOOR_16BIT_INTO_F32
+    else:
+        torch_same, floor = start + torch.mm(dy.t(), x), FLOOR_16
+    check_close(gw, torch_same, ref64, floor, "padded accumulate")
+    assert torch.isnan(buf[:, k:]).all(), "wrote past grad_weight"
+
+
+@pytest.mark.parametrize("op", ["linear", "linear_dgrad", "linear_wgrad"])
+def test_fp32_highest_uses_3xtf32_at_fp32_accuracy(op, gen):
+    """float32 with matmul precision "highest": 3xTF32 kernels, as accurate as cuBLAS fp32."""
+    m, n, k = 256, 384, 1024
+    args = gemm_args(op, m, n, k, torch.float32, "contig", gen)
+    with matmul_precision(False):
+        ours = run_ours(op, args)
+        name = ops.last_kernel_name()
+        torch_fp32 = run_torch(op, args)
+    assert "3xtf32" in name, name
+    ref = run_torch(op, to64(args))
+    err = lambda t: float((t.double() - ref).norm() / ref.norm())  # noqa: E731
+    assert err(ours) <= 2 * err(torch_fp32) + 1e-6, (err(ours), err(torch_fp32))
