@@ -68,16 +68,18 @@ static bool set_force_sm80(bool enable) {
 #endif
 }
 
-// Force one SM90 tile configuration (index into gemm_configs(), -1 = the per-shape rule) and a
-// tile-scheduler swizzle (0 = the rule's choice); returns the previous [config, swizzle]. For the
-// benchmark's configuration sweep and the dispatch tests.
-static std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle) {
+// Force one SM90 tile configuration (index into gemm_configs(), -1 = the per-shape rule), a
+// tile-scheduler swizzle and a split-K factor for the stream-K configurations (0 = the rule's
+// choice); returns the previous [config, swizzle, splits]. For the benchmark's configuration
+// sweep and the dispatch tests.
+static std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle, int64_t splits) {
 #ifdef CUTLASS_NN_WITH_CUDA
-  return cuda::set_gemm_config(config, swizzle);
+  return cuda::set_gemm_config(config, swizzle, splits);
 #else
   (void)config;
   (void)swizzle;
-  return {-1, 0};
+  (void)splits;
+  return {-1, 0, 0};
 #endif
 }
 
@@ -140,7 +142,7 @@ TORCH_LIBRARY(cutlass_nn, m) {
   m.def("build_info() -> str", &build_info);
   m.def("_set_force_sm80(bool enable) -> bool", &set_force_sm80);
   m.def("_last_kernel_name() -> str", &last_kernel_name);
-  m.def("_set_gemm_config(int config, int swizzle) -> int[]", &set_gemm_config);
+  m.def("_set_gemm_config(int config, int swizzle, int splits=0) -> int[]", &set_gemm_config);
   m.def("_gemm_configs() -> str", &gemm_configs);
 }
 

@@ -6,7 +6,8 @@ Usage::
                                [--what fwd,sm80,dgrad,wgrad,fwdbwd,linact,add2,fp32]
                                [--budget-ms MS] [--time-limit S]
     python -m cutlass_nn.bench --sweep [--sweep-shapes MxNxK,...] [--sweep-swizzles 1,4]
-                               [--what fwd,dgrad,wgrad] [--budget-ms MS] [--out DIR]
+                               [--sweep-splits 0,1,2,4] [--what fwd,dgrad,wgrad]
+                               [--budget-ms MS] [--out DIR]
 
 Each row is one problem (an operation, a precision, a shape) timed twice in the same process:
 "ours" (the cutlass_nn operator) and "base" (the PyTorch expression it replaces). Method, in the
@@ -30,7 +31,8 @@ a JSON file (device, versions, date, command, peaks, every row) rewritten after 
 plot, and a compact table printed last, then the summary with the issue's targets (PASS / MISS).
 
 ``--sweep`` forces each SM90 tile configuration (``torch.ops.cutlass_nn._set_gemm_config``) with
-each swizzle asked for, checks it like a row, then times all that passed and the baseline in the
+each swizzle asked for (and, for the stream-K ones, each split-K count asked for), checks it like a
+row, then times all that passed and the baseline in the
 same interleaved repetitions; it writes ``sweep_*.json`` and prints the best per shape and op.
 
 Exit codes: 0 every row ok (or skipped), 3 the run finished but some rows are FAIL / error
@@ -132,10 +134,13 @@ OP_TITLES = {
     "eager": "vs eager",
     "compile": "vs compile",
 }
-# --sweep: the operations and default swizzles timed for every SM90 tile configuration
+# --sweep: the operations, default swizzles and split-K counts timed for every SM90 tile
+# configuration (splits only matter to the stream-K configurations: the others get 0 only)
 SWEEP_OPS = ("fwd", "dgrad", "wgrad")
 SWEEP_SWIZZLES = (1, 4)
-AUTO_CONFIG = (-1, 0)  # config -1: the per-shape rule; swizzle 0: the rule's choice
+SWEEP_SPLITS = (0,)
+# config -1: the per-shape rule; swizzle 0 and splits 0: the rule's choice
+AUTO_CONFIG = (-1, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -1128,7 +1133,7 @@ def measure_peaks(timer: Timer, precisions: Sequence[str], device="cuda") -> dic
 # --sweep: every SM90 tile configuration (and tile-scheduler swizzle) of each GEMM shape
 # ---------------------------------------------------------------------------------------------
 
-SetConfig = Callable[[int, int], list[int]]
+SetConfig = Callable[..., list[int]]  # set_config(config, swizzle, splits=0) -> previous
 
 
 def parse_config_names(text: str) -> list[str]:
@@ -1137,9 +1142,66 @@ def parse_config_names(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines()]
 
 
+def is_stream_k(name: str) -> bool:
+    """Whether a configuration (by its name) uses the stream-K tile scheduler, the only one that
+    reads the ``splits`` of ``_set_gemm_config``."""
+    return "streamk" in name.lower()
+
+
+def _too_many_arguments(exc: Exception) -> bool:
+    """Whether calling the setter with (config, swizzle, splits) failed because it takes only
+    (config, swizzle): a build from before ``splits`` (torch's schema check says "expected at
+    most 2 argument(s)"; a Python stand-in raises TypeError)."""
+    if isinstance(exc, TypeError):
+        return True
+    return bool(re.search(r"expected at most \d+ argument", str(exc)))
+
+
+class ConfigSetter:
+    """``set_config(config, swizzle, splits=0)``: forces a configuration through ``setter`` (the
+    operator ``_set_gemm_config``) and returns the previous setting as a list (``[config,
+    swizzle, splits]``, or ``[config, swizzle]`` from an older build; ``set_config(*previous)``
+    restores either). An older setter that takes no ``splits`` still serves splits == 0; other
+    splits raise RuntimeError. ``takes_splits``: True / False, or None until the first call shows
+    it (when the setter has no schema to read)."""
+
+    def __init__(self, setter: Callable[..., Any], takes_splits: bool | None = None):
+        self.setter = setter
+        self.takes_splits = takes_splits
+
+    def __call__(self, config: int, swizzle: int, splits: int = 0) -> list[int]:
+        config, swizzle, splits = int(config), int(swizzle), int(splits)
+        if self.takes_splits is not False:
+            try:
+                previous = self.setter(config, swizzle, splits)
+            except (TypeError, RuntimeError) as exc:
+                if self.takes_splits or not _too_many_arguments(exc):
+                    raise
+                self.takes_splits = False
+            else:
+                self.takes_splits = True
+                return [int(v) for v in previous]
+        if splits != 0:
+            raise RuntimeError(
+                f"this cutlass_nn build's _set_gemm_config takes no splits argument (only config "
+                f"and swizzle): cannot force splits={splits}; rebuild cutlass_nn, or sweep with "
+                "--sweep-splits 0"
+            )
+        return [int(v) for v in self.setter(config, swizzle)]
+
+
+def _schema_takes_splits(setter: Any) -> bool | None:
+    """From the operator's schema: whether it has a third argument (None: no schema to read)."""
+    try:
+        return len(setter.default._schema.arguments) >= 3
+    except Exception:
+        return None
+
+
 def gemm_config_api() -> tuple[list[str], SetConfig]:
-    """The configuration names and the setter ``set_config(config, swizzle)`` (returns the
-    previous ``[config, swizzle]``). RuntimeError when this build has no such operators."""
+    """The configuration names and the setter ``set_config(config, swizzle, splits=0)`` (a
+    ConfigSetter: returns the previous setting). RuntimeError when this build has no such
+    operators."""
     namespace = torch.ops.cutlass_nn
     try:
         text = namespace._gemm_configs()
@@ -1149,24 +1211,29 @@ def gemm_config_api() -> tuple[list[str], SetConfig]:
             "this cutlass_nn build has no configuration override "
             f"(torch.ops.cutlass_nn._gemm_configs / _set_gemm_config): {_first_line(exc)}"
         ) from exc
-
-    def set_config(config: int, swizzle: int) -> list[int]:
-        return [int(v) for v in setter(int(config), int(swizzle))]
-
-    return parse_config_names(text), set_config
+    return parse_config_names(text), ConfigSetter(setter, _schema_takes_splits(setter))
 
 
-def sweep_variants(n_configs: int, swizzles: Sequence[int]) -> list[tuple[int, int]]:
-    """(config, swizzle) pairs of a sweep: the automatic rule first, then every configuration
-    with every swizzle asked for."""
-    return [AUTO_CONFIG] + [(c, s) for c in range(n_configs) for s in swizzles]
+def sweep_variants(
+    names: Sequence[str], swizzles: Sequence[int], splits: Sequence[int] = SWEEP_SPLITS
+) -> list[tuple[int, int, int]]:
+    """(config, swizzle, splits) of a sweep: the automatic rule first, then every configuration
+    (by index into ``names``) with every swizzle asked for, and every splits asked for when the
+    configuration is a stream-K one (the others ignore splits: 0 only, once)."""
+    variants = [AUTO_CONFIG]
+    for c, name in enumerate(names):
+        ks = list(dict.fromkeys(splits)) if is_stream_k(name) else [0]
+        variants += [(c, s, k) for s in swizzles for k in ks]
+    return variants
 
 
-def variant_key(config: int, swizzle: int) -> str:
-    """ "auto" for the rule's own choice, else e.g. "c3/s4" (config 3, swizzle 4)."""
-    if (config, swizzle) == AUTO_CONFIG:
+def variant_key(config: int, swizzle: int, splits: int = 0) -> str:
+    """ "auto" for the rule's own choice, else e.g. "c3/s4" (config 3, swizzle 4, splits the
+    rule's) or "c2/s1/k4" (split-K into 4)."""
+    if (config, swizzle, splits) == AUTO_CONFIG:
         return "auto"
-    return f"{'auto' if config < 0 else f'c{config}'}/s{swizzle}"
+    key = f"{'auto' if config < 0 else f'c{config}'}/s{swizzle}"
+    return f"{key}/k{splits}" if splits else key
 
 
 def sweep_plan(
@@ -1176,9 +1243,11 @@ def sweep_plan(
     return [(p, shape, op) for p in dtypes for shape in shapes for op in ops_]
 
 
-def _with_config(set_config: SetConfig, config: int, swizzle: int, fn: Callable[[int], Any]):
+def _with_config(
+    set_config: SetConfig, config: int, swizzle: int, splits: int, fn: Callable[[int], Any]
+):
     def run(i: int) -> Any:
-        set_config(config, swizzle)  # host state only: read by the next launch
+        set_config(config, swizzle, splits)  # host state only: read by the next launch
         return fn(i)
 
     return run
@@ -1186,16 +1255,16 @@ def _with_config(set_config: SetConfig, config: int, swizzle: int, fn: Callable[
 
 def run_sweep_group(
     case: Case,
-    variants: Sequence[tuple[int, int]],
+    variants: Sequence[tuple[int, int, int]],
     set_config: SetConfig,
     timer_for: Callable[[int], Timer],
     *,
     kernel_name: Callable[[], str] = ops.last_kernel_name,
     healthy: Callable[[], bool] = lambda: True,
 ) -> tuple[list[dict], dict | None, bool]:
-    """One (shape, op) of the sweep. Each variant (config, swizzle) is forced and checked like a
-    row (a configuration that cannot run the shape raises: status "error" with the message's first
-    line; a wrong result: "FAIL"); then the baseline and every variant that passed are timed
+    """One (shape, op) of the sweep. Each variant (config, swizzle, splits) is forced and checked
+    like a row (a configuration that cannot run the shape raises: status "error" with the message's
+    first line; a wrong result: "FAIL"); then the baseline and every variant that passed are timed
     together, interleaved (``timer_for(n_variants)``). The configuration in force before is
     restored at the end, also after an error. Returns (entries, baseline stats or None, whether
     the CUDA context is still usable)."""
@@ -1205,11 +1274,12 @@ def run_sweep_group(
     context_ok = True
     try:
         with case.context():
-            for config, swizzle in variants:
+            for config, swizzle, splits in variants:
                 entry = {
                     "config": config,
                     "swizzle": swizzle,
-                    "key": variant_key(config, swizzle),
+                    "splits": splits,
+                    "key": variant_key(config, swizzle, splits),
                     "status": "error",
                     "note": "",
                 }
@@ -1219,7 +1289,7 @@ def run_sweep_group(
                     entry["note"] = "skipped: the CUDA context is unusable after an earlier error"
                     continue
                 try:
-                    prev = set_config(config, swizzle)
+                    prev = set_config(config, swizzle, splits)
                     if previous is None:
                         previous = prev
                     check = case.check()
@@ -1237,7 +1307,7 @@ def run_sweep_group(
                 fns: dict[str, Callable[[int], Any]] = {"base": case.fns["base"]}
                 for e in timed:
                     fns[e["key"]] = _with_config(
-                        set_config, e["config"], e["swizzle"], case.fns["ours"]
+                        set_config, e["config"], e["swizzle"], e["splits"], case.fns["ours"]
                     )
                 try:
                     times = timer_for(len(timed))(fns, case.n_sets)
@@ -1299,6 +1369,7 @@ def sweep_best(rows: Sequence[dict]) -> list[dict]:
                 "op": op,
                 "config": None if best is None else best["config"],
                 "swizzle": None if best is None else best["swizzle"],
+                "splits": None if best is None else best.get("splits", 0),
                 "config_name": None if best is None else best["config_name"],
                 "kernel": None if best is None else best.get("kernel"),
                 "ratio": None if best is None else best["ratio"],
@@ -1317,7 +1388,8 @@ _STATUS_CELL = {"FAIL": "FAIL", "error": "ERR", "skipped": "skip"}
 def format_sweep_table(rows: Sequence[dict], names: Sequence[str], width: int = 6) -> list[str]:
     """The sweep as a table: one line per (precision, shape, op), one column per configuration
     ("auto" = the rule's choice, then c0, c1, ...); a cell is the best ratio (torch time / ours
-    time) over the swizzles tried, or ERR / FAIL / skip when none of them was measured."""
+    time) over the swizzles (and splits) tried, or ERR / FAIL / skip when none of them was
+    measured."""
     lines = []
     legend = [f"c{i} {name}" for i, name in enumerate(names)]
     line = "configs:"
@@ -1329,7 +1401,8 @@ def format_sweep_table(rows: Sequence[dict], names: Sequence[str], width: int = 
     lines.append(line.rstrip(" |"))
     columns = ["auto"] + [f"c{i}" for i in range(len(names))]
     lines.append(
-        "sweep: ratio = torch time / ours time, best over the swizzles tried (>1: ours faster)"
+        "sweep: ratio = torch time / ours time, best over the swizzles and splits tried "
+        "(>1: ours faster)"
     )
     lines.append(
         f"{'prec':<5} {'M x N x K':<18} {'op':<5} {'torch ms':>8}"
@@ -1359,7 +1432,8 @@ def format_sweep_table(rows: Sequence[dict], names: Sequence[str], width: int = 
 
 
 def format_sweep_best(best: Sequence[dict]) -> list[str]:
-    """One line per (precision, shape, op): the best configuration and swizzle vs the rule's."""
+    """One line per (precision, shape, op): the best configuration, swizzle and splits vs the
+    rule's."""
     lines = ["best configuration per shape and op (ratio = torch time / ours time):"]
     for b in best:
         head = f"  {b['precision']} {b['label']} {b['op']}:"
@@ -1368,7 +1442,8 @@ def format_sweep_best(best: Sequence[dict]) -> list[str]:
             continue
         auto = f"auto {_fmt(b['auto_ratio'])} {b.get('auto_kernel') or ''}".strip()
         line = (
-            f"{head} {variant_key(b['config'], b['swizzle'])} {b['config_name']} "
+            f"{head} {variant_key(b['config'], b['swizzle'], b.get('splits') or 0)} "
+            f"{b['config_name']} "
             f"ratio {_fmt(b['ratio'])} ({auto})"
         )
         lines.append(line[:200])
@@ -1388,7 +1463,8 @@ def format_sweep_progress(i: int, total: int, rows: Sequence[dict], elapsed_s: f
     base = next((r["base"]["median_ms"] for r in rows if r.get("base")), None)
     parts = [f"torch {_fmt(base, '.4f')} ms", f"auto {_fmt(best['auto_ratio'])}"]
     if best["config"] is not None:
-        parts.append(f"best {variant_key(best['config'], best['swizzle'])} {_fmt(best['ratio'])}")
+        key = variant_key(best["config"], best["swizzle"], best["splits"] or 0)
+        parts.append(f"best {key} {_fmt(best['ratio'])}")
     parts.append(", ".join(f"{n} {s}" for s, n in counts.items()))
     if counts.get("skipped") == len(rows) or counts.get("error") == len(rows):
         parts.append(str(r0.get("note", "")))
@@ -1924,6 +2000,12 @@ def parse_swizzles(text: str) -> list[int]:
     return list(dict.fromkeys(int(t) for t in items))
 
 
+def parse_splits(text: str) -> list[int]:
+    """``--sweep-splits``: comma-separated non-negative integers (0 = the rule's choice, 1 = no
+    split, s > 1 = split-K into s pieces)."""
+    return parse_swizzles(text)
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -2003,6 +2085,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"{','.join(map(str, SWEEP_SWIZZLES))}; 0 = the rule's choice)",
     )
     parser.add_argument(
+        "--sweep-splits",
+        type=parse_splits,
+        default=None,
+        metavar="K,...",
+        help="split-K counts tried with each stream-K configuration (default "
+        f"{','.join(map(str, SWEEP_SPLITS))}; 0 = the rule's choice, 1 = data-parallel, "
+        "s > 1 = split into s); other configurations ignore it and run once",
+    )
+    parser.add_argument(
         "--plot",
         type=Path,
         metavar="JSON",
@@ -2026,9 +2117,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.sweep_swizzles = (
             args.sweep_swizzles if args.sweep_swizzles is not None else list(SWEEP_SWIZZLES)
         )
+        args.sweep_splits = (
+            args.sweep_splits if args.sweep_splits is not None else list(SWEEP_SPLITS)
+        )
         return args
-    if args.sweep_shapes is not None or args.sweep_swizzles is not None:
-        parser.error("--sweep-shapes and --sweep-swizzles need --sweep")
+    if (
+        args.sweep_shapes is not None
+        or args.sweep_swizzles is not None
+        or args.sweep_splits is not None
+    ):
+        parser.error("--sweep-shapes, --sweep-swizzles and --sweep-splits need --sweep")
     if args.dtypes is None:
         args.dtypes = ["bf16", "fp32"] if args.quick else list(DTYPE_CHOICES)
     if not plan_rows(args.quick, args.dtypes, args.what):
@@ -2123,8 +2221,9 @@ def build_sweep_case(op: str, shape: tuple[int, int, int], prec: Precision, l2_b
 
 
 def sweep_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """``--sweep``: for each (precision, shape, op), every SM90 configuration x swizzle (and the
-    automatic rule) checked, then timed against torch in the same interleaved repetitions."""
+    """``--sweep``: for each (precision, shape, op), every SM90 configuration x swizzle (x splits
+    for the stream-K ones; and the automatic rule) checked, then timed against torch in the same
+    interleaved repetitions."""
     try:
         names, set_config = gemm_config_api()
     except RuntimeError as exc:
@@ -2137,18 +2236,31 @@ def sweep_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    if any(args.sweep_splits) and getattr(set_config, "takes_splits", None) is False:
+        print(
+            "cutlass_nn.bench --sweep: this cutlass_nn build's _set_gemm_config takes no splits "
+            f"argument (only config and swizzle), so --sweep-splits {args.sweep_splits} cannot "
+            "be forced: rebuild cutlass_nn, or use --sweep-splits 0",
+            file=sys.stderr,
+        )
+        return 2
     settings = mode_settings(args)
     t_start = time.monotonic()
     meta = collect_meta(argv)
     l2 = meta["l2_bytes"] or DEFAULT_L2_BYTES
     plan = sweep_plan(args.dtypes, args.sweep_shapes, args.sweep_ops)
-    variants = sweep_variants(len(names), args.sweep_swizzles)
+    variants = sweep_variants(names, args.sweep_swizzles, args.sweep_splits)
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / f"sweep_{_slug(meta)}_{_stamp()}.json"
+    splits_note = ""
+    if list(args.sweep_splits) != [0]:
+        n_stream_k = sum(is_stream_k(n) for n in names)
+        splits_note = f" (x splits {args.sweep_splits} for the {n_stream_k} stream-K ones)"
     print(
         f"cutlass_nn.bench --sweep: {meta['device']}, torch {meta['torch']}; {len(names)} "
-        f"configurations x swizzles {args.sweep_swizzles} + auto = {len(variants)} variants, "
-        f"{len(plan)} (shape, op) groups, time limit {settings.time_limit_s:.0f} s",
+        f"configurations x swizzles {args.sweep_swizzles}{splits_note} + auto = "
+        f"{len(variants)} variants, {len(plan)} (shape, op) groups, time limit "
+        f"{settings.time_limit_s:.0f} s",
         flush=True,
     )
     timer = CudaTimer(settings)
@@ -2162,7 +2274,8 @@ def sweep_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
         ),
         "configs": names,
         "swizzles": args.sweep_swizzles,
-        "variants": [variant_key(c, s) for c, s in variants],
+        "splits": args.sweep_splits,
+        "variants": [variant_key(c, s, k) for c, s, k in variants],
         "rows": [],
     }
     write_json(json_path, results)
@@ -2193,11 +2306,12 @@ def sweep_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
                     {
                         "config": c,
                         "swizzle": sw,
-                        "key": variant_key(c, sw),
+                        "splits": k,
+                        "key": variant_key(c, sw, k),
                         "status": "skipped",
                         "note": stop,
                     }
-                    for c, sw in variants
+                    for c, sw, k in variants
                 ]
             else:
                 case = None
@@ -2218,11 +2332,12 @@ def sweep_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
                         {
                             "config": c,
                             "swizzle": sw,
-                            "key": variant_key(c, sw),
+                            "splits": k,
+                            "key": variant_key(c, sw, k),
                             "status": status,
                             "note": note,
                         }
-                        for c, sw in variants
+                        for c, sw, k in variants
                     ]
                     context_ok = isinstance(exc, SkipRow) or cuda_healthy()
                 finally:

@@ -213,6 +213,7 @@ def test_parse_args():
         ["--budget-ms", "x"],
         ["--sweep-shapes", "16x16x16"],  # needs --sweep
         ["--sweep-swizzles", "1"],
+        ["--sweep-splits", "0,2"],  # needs --sweep
         ["--sweep", "--quick"],
         ["--sweep", "--dtypes", "fp32"],
         ["--sweep", "--what", "fwdbwd,add2"],
@@ -220,6 +221,9 @@ def test_parse_args():
         ["--sweep", "--sweep-shapes", "0x16x16"],
         ["--sweep", "--sweep-swizzles", "-1"],
         ["--sweep", "--sweep-swizzles", "a"],
+        ["--sweep", "--sweep-splits", "-2"],
+        ["--sweep", "--sweep-splits", "2,x"],
+        ["--sweep", "--sweep-splits", ","],
     ):
         with pytest.raises(SystemExit) as info:
             bench.parse_args(bad)
@@ -231,6 +235,7 @@ def test_parse_args_sweep():
     assert args.sweep and args.dtypes == ["bf16"]
     assert args.sweep_ops == ["fwd", "dgrad", "wgrad"]
     assert args.sweep_shapes == bench.GEMM_SHAPES and args.sweep_swizzles == [1, 4]
+    assert args.sweep_splits == [0]
     args = bench.parse_args(
         [
             "--sweep",
@@ -238,6 +243,8 @@ def test_parse_args_sweep():
             "128x8192x8192, 16X8192x8192,128x8192x8192",
             "--sweep-swizzles",
             "0,2,2,8",
+            "--sweep-splits",
+            " 4,0, 1,4",
             "--what",
             "wgrad,fwd,fwdbwd",
             "--budget-ms",
@@ -248,6 +255,7 @@ def test_parse_args_sweep():
     )
     assert args.sweep_shapes == [(128, 8192, 8192), (16, 8192, 8192)]
     assert args.sweep_swizzles == [0, 2, 8] and args.sweep_ops == ["fwd", "wgrad"]
+    assert args.sweep_splits == [4, 0, 1]
     settings = bench.mode_settings(args)
     assert settings.budget_ms == 12.5 and settings.time_limit_s == 60
     assert settings.min_reps == bench.SWEEP.min_reps
@@ -303,6 +311,7 @@ def test_cli_help():
         "--sweep",
         "--sweep-shapes",
         "--sweep-swizzles",
+        "--sweep-splits",
     ):
         assert flag in proc.stdout
 
@@ -1023,10 +1032,38 @@ def test_sweep_pure_helpers():
     assert bench.parse_config_names("") == []
     assert bench.parse_config_names("a_128x256\nb_128x128\n") == ["a_128x256", "b_128x128"]
     assert bench.parse_config_names("a\n\nc") == ["a", "", "c"]  # index = line number
-    assert bench.sweep_variants(2, [1, 4]) == [(-1, 0), (0, 1), (0, 4), (1, 1), (1, 4)]
-    assert bench.sweep_variants(0, [1]) == [(-1, 0)]
+    assert bench.sweep_variants(["a", "b"], [1, 4]) == [
+        (-1, 0, 0),
+        (0, 1, 0),
+        (0, 4, 0),
+        (1, 1, 0),
+        (1, 4, 0),
+    ]
+    assert bench.sweep_variants([], [1]) == [(-1, 0, 0)]
+    assert bench.sweep_variants([], [1], [0, 2]) == [(-1, 0, 0)]
+    # splits only for the stream-K configurations; the others run once, with splits 0
+    names = ["x_128x256_coop", "y_128x128x64_1x1x1_coop_streamk", "z_pingpong"]
+    assert bench.sweep_variants(names, [1, 4], [1, 0, 1, 8]) == [
+        (-1, 0, 0),
+        (0, 1, 0),
+        (0, 4, 0),
+        (1, 1, 1),
+        (1, 1, 0),
+        (1, 1, 8),
+        (1, 4, 1),
+        (1, 4, 0),
+        (1, 4, 8),
+        (2, 1, 0),
+        (2, 4, 0),
+    ]
+    assert bench.sweep_variants(names, [1], [2]) == [(-1, 0, 0), (0, 1, 0), (1, 1, 2), (2, 1, 0)]
+    variants = bench.sweep_variants(names, [1, 4], [0, 1, 2])
+    assert len(variants) == len(set(variants))
+    assert [bench.is_stream_k(n) for n in names] == [False, True, False]
     assert bench.variant_key(-1, 0) == "auto" and bench.variant_key(3, 4) == "c3/s4"
-    assert bench.variant_key(-1, 2) == "auto/s2"
+    assert bench.variant_key(-1, 0, 0) == "auto" and bench.variant_key(3, 4, 0) == "c3/s4"
+    assert bench.variant_key(2, 1, 4) == "c2/s1/k4" and bench.variant_key(2, 1, 1) == "c2/s1/k1"
+    assert bench.variant_key(-1, 2) == "auto/s2" and bench.variant_key(-1, 0, 4) == "auto/s0/k4"
     plan = bench.sweep_plan(["bf16"], [(1, 2, 3), (4, 5, 6)], ["fwd", "wgrad"])
     assert plan == [
         ("bf16", (1, 2, 3), "fwd"),
@@ -1036,6 +1073,75 @@ def test_sweep_pure_helpers():
     ]
     assert bench.parse_shapes("16x8192x8192") == [(16, 8192, 8192)]
     assert bench.parse_swizzles("4,1") == [4, 1]
+    assert bench.parse_splits("0,1,2,4,8,2") == [0, 1, 2, 4, 8]
+
+
+def test_config_setter_with_splits():
+    current = [5, 7, 3]
+    calls = []
+
+    def op(config, swizzle, splits=0):  # the operator of a build with splits
+        calls.append((config, swizzle, splits))
+        previous = list(current)
+        current[:] = [config, swizzle, splits]
+        return previous
+
+    set_config = bench.ConfigSetter(op)
+    assert set_config.takes_splits is None
+    previous = set_config(2, 1, 4)
+    assert previous == [5, 7, 3] and set_config.takes_splits is True
+    assert set_config(0, 4) == [2, 1, 4]
+    assert set_config(*previous) == [0, 4, 0] and current == [5, 7, 3]
+    assert calls == [(2, 1, 4), (0, 4, 0), (5, 7, 3)]
+
+
+def test_config_setter_falls_back_to_two_arguments():
+    class Op:
+        """An older build's operator: (config, swizzle) only, torch's schema check message."""
+
+        def __init__(self):
+            self.current = [5, 7]
+            self.calls = []
+
+        def __call__(self, *args):
+            if len(args) != 2:
+                raise RuntimeError(
+                    "cutlass_nn::_set_gemm_config() expected at most 2 argument(s) but received "
+                    f"{len(args)} argument(s). Declaration: cutlass_nn::_set_gemm_config(int "
+                    "config, int swizzle) -> int[]"
+                )
+            self.calls.append(args)
+            previous, self.current = self.current, list(args)
+            return previous
+
+    op = Op()
+    set_config = bench.ConfigSetter(op)
+    previous = set_config(1, 4, 0)
+    assert previous == [5, 7] and set_config.takes_splits is False
+    with pytest.raises(RuntimeError, match="takes no splits argument.*splits=2"):
+        set_config(1, 4, 2)
+    assert set_config(*previous) == [1, 4] and op.current == [5, 7]
+    assert op.calls == [(1, 4), (5, 7)]
+
+    def python_op(config, swizzle):  # a stand-in without splits: TypeError
+        return [config, swizzle]
+
+    set_config = bench.ConfigSetter(python_op)
+    assert set_config(3, 1) == [3, 1] and set_config.takes_splits is False
+
+    # the operator's own argument errors are not mistaken for a missing splits argument
+    def strict_op(config, swizzle, splits=0):
+        raise RuntimeError("_set_gemm_config: argument 'splits' must be in [0, 64], got 65")
+
+    set_config = bench.ConfigSetter(strict_op)
+    with pytest.raises(RuntimeError, match="argument 'splits'"):
+        set_config(-1, 0, 65)
+    # known from the schema: no splits, so no 3-argument call is tried at all
+    op = Op()
+    set_config = bench.ConfigSetter(op, takes_splits=False)
+    assert set_config(2, 1) == [5, 7] and op.calls == [(2, 1)]
+    with pytest.raises(RuntimeError, match="--sweep-splits 0"):
+        set_config(2, 1, 8)
 
 
 def test_gemm_config_api_on_this_build():
@@ -1046,27 +1152,31 @@ def test_gemm_config_api_on_this_build():
         return
     if not cutlass_nn.has_cuda_kernels():
         assert names == []
+    schema_args = torch.ops.cutlass_nn._set_gemm_config.default._schema.arguments
+    assert set_config.takes_splits is (len(schema_args) >= 3)
     previous = set_config(-1, 0)
-    assert len(previous) == 2 and all(isinstance(v, int) for v in previous)
+    assert len(previous) == len(schema_args) and all(isinstance(v, int) for v in previous)
     set_config(*previous)
 
 
 class SweepState:
-    """A fake configuration override: ``set_config`` records what is forced; the cutlass_nn
-    forward it is used with raises for config 1 (cannot implement) and is wrong for config 2."""
+    """A fake configuration override (with splits): ``set_config`` records what is forced; the
+    cutlass_nn forward it is used with raises for config 1 (cannot implement) and is wrong for
+    config 2."""
 
-    def __init__(self, initial=(5, 7)):
+    def __init__(self, initial=(5, 7, 3)):
         self.current = list(initial)
         self.calls = []
 
-    def set_config(self, config, swizzle):
+    def set_config(self, config, swizzle, splits=0):
         previous = self.current
-        self.current = [config, swizzle]
-        self.calls.append((config, swizzle))
+        self.current = [config, swizzle, splits]
+        self.calls.append((config, swizzle, splits))
         return list(previous)
 
     def kernel_name(self):
-        return f"kernel_c{self.current[0]}_s{self.current[1]}"
+        config, swizzle, splits = self.current
+        return f"kernel_c{config}_s{swizzle}" + (f"_k{splits}" if splits else "")
 
     def patch_linear(self, monkeypatch):
         real = cutlass_nn.functional.linear
@@ -1082,7 +1192,10 @@ class SweepState:
 
 class SweepTimer:
     """Runs every function on every set (recording the configuration in force when ours runs)
-    and returns fixed times: base 2 ms, auto 2 ms, c0/s1 1 ms, anything else 4 ms."""
+    and returns fixed times (``times``; default: base 2 ms, auto 2 ms, c0/s1 1 ms, anything else
+    4 ms)."""
+
+    times = {"base": 2.0, "auto": 2.0, "c0/s1": 1.0}
 
     def __init__(self, state):
         self.state = state
@@ -1094,8 +1207,7 @@ class SweepTimer:
             for i in range(n_sets):
                 fn(i)
                 self.seen[name] = tuple(self.state.current)
-        times = {"base": 2.0, "auto": 2.0, "c0/s1": 1.0}
-        return {name: [times.get(name, 4.0)] * 3 for name in fns}
+        return {name: [self.times.get(name, 4.0)] * 3 for name in fns}
 
     def timer_for(self, n_timed):
         self.n_timed.append(n_timed)
@@ -1107,7 +1219,7 @@ def _sweep_group(monkeypatch, healthy=lambda: True, timer=None):
     state.patch_linear(monkeypatch)
     case = bench.build_gemm_case("fwd", 37, 29, 23, bench.PRECISIONS["bf16"], device="cpu")
     timer = timer or SweepTimer(state)
-    variants = bench.sweep_variants(3, [1, 4])
+    variants = bench.sweep_variants(["cfg_a_128x256", "cfg_b_128x128", "cfg_c_64x128"], [1, 4])
     entries, base, ok = bench.run_sweep_group(
         case,
         variants,
@@ -1143,8 +1255,9 @@ def test_run_sweep_group(monkeypatch):
     # one interleaved timing of the baseline and the 3 variants that passed
     assert timer.n_timed == [3]
     assert set(timer.seen) == {"base", "auto", "c0/s1", "c0/s4"}
-    assert timer.seen["c0/s4"] == (0, 4) and timer.seen["auto"] == (-1, 0)
-    assert state.current == [5, 7]  # the setting from before is restored
+    assert timer.seen["c0/s4"] == (0, 4, 0) and timer.seen["auto"] == (-1, 0, 0)
+    assert all(e["splits"] == 0 for e in entries)
+    assert state.current == [5, 7, 3]  # the setting from before is restored
 
 
 def test_run_sweep_group_restores_on_interrupt_and_stops_on_broken_context(monkeypatch):
@@ -1157,9 +1270,9 @@ def test_run_sweep_group_restores_on_interrupt_and_stops_on_broken_context(monke
     case = bench.build_gemm_case("fwd", 37, 29, 23, bench.PRECISIONS["bf16"], device="cpu")
     with pytest.raises(KeyboardInterrupt):
         bench.run_sweep_group(
-            case, bench.sweep_variants(1, [1]), state.set_config, Interrupting(state).timer_for
+            case, bench.sweep_variants(["a"], [1]), state.set_config, Interrupting(state).timer_for
         )
-    assert state.current == [5, 7]
+    assert state.current == [5, 7, 3]
 
     state, timer, entries, base, ok = _sweep_group(monkeypatch, healthy=lambda: False)
     assert not ok and base is None and timer.n_timed == []
@@ -1191,7 +1304,8 @@ def test_sweep_rows_best_and_table(monkeypatch):
     assert "base" not in next(r for r in rows if r["key"] == "c1/s1")
 
     (best,) = bench.sweep_best(rows)
-    assert (best["config"], best["swizzle"], best["config_name"]) == (0, 1, "cfg_a_128x256")
+    assert (best["config"], best["swizzle"], best["splits"]) == (0, 1, 0)
+    assert best["config_name"] == "cfg_a_128x256"
     assert best["ratio"] == pytest.approx(2.0) and best["auto_ratio"] == pytest.approx(1.0)
     assert best["auto_kernel"] == "kernel_c-1_s0" and best["n_measured"] == 3
 
@@ -1217,7 +1331,7 @@ def test_sweep_table_wraps_a_long_legend():
     assert sum(x.count(" c") for x in lines[:-2]) >= 20
 
 
-def _fake_sweep_gpu(monkeypatch, names, state):
+def _fake_sweep_gpu(monkeypatch, names, state, times=None):
     class Timer(SweepTimer):
         def __init__(self, settings):
             super().__init__(state)
@@ -1228,6 +1342,8 @@ def _fake_sweep_gpu(monkeypatch, names, state):
             self.n_timed.append(settings.budget_ms)
             return self
 
+    if times is not None:
+        Timer.times = times
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench.cutlass_nn, "has_cuda_kernels", lambda: True)
     monkeypatch.setattr(bench, "gemm_config_api", lambda: (list(names), state.set_config))
@@ -1270,7 +1386,8 @@ def test_sweep_main_end_to_end_with_fakes(monkeypatch, tmp_path, capsys):
     # only the forward goes through the patched linear: dgrad / wgrad run every config fine
     assert {r["status"] for r in rows if r["op"] != "fwd"} == {"ok"}
     assert len(results["best"]) == 6
-    assert state.current == [5, 7]
+    assert {r["splits"] for r in rows} == {0} and results["splits"] == [0]
+    assert state.current == [5, 7, 3]
     # the table again from the JSON, without a GPU
     assert bench.main(["--plot", str(json_path)]) == 0
     assert "best configuration per shape and op" in capsys.readouterr().out
@@ -1300,3 +1417,47 @@ def test_sweep_main_auto_failure_exits_3(monkeypatch, tmp_path, capsys):
     assert bench.main(argv) == 3
     out = capsys.readouterr().out
     assert "bf16 16x24x8 fwd: nothing measured" in out
+
+
+def test_sweep_main_with_splits(monkeypatch, tmp_path, capsys):
+    state = SweepState()  # cutlass_nn.functional.linear not patched: every variant passes
+    names = ["cfg_a_coop", "cfg_b_128x128x64_1x1x1_coop_streamk", "cfg_c_pingpong"]
+    times = {"base": 2.0, "auto": 2.0, "c0/s1": 1.0, "c1/s1/k2": 0.5, "c1/s1": 0.8}
+    _fake_sweep_gpu(monkeypatch, names, state, times)
+    argv = ["--sweep", "--sweep-shapes", "16x24x8", "--what", "fwd,wgrad", "--out", str(tmp_path)]
+    argv += ["--sweep-swizzles", "1", "--sweep-splits", "0,1,2"]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert (
+        "3 configurations x swizzles [1] (x splits [0, 1, 2] for the 1 stream-K ones) + auto = "
+        "6 variants, 2 (shape, op) groups"
+    ) in out
+    assert f"bf16 16x24x8 fwd: c1/s1/k2 {names[1]} ratio 4.000 (auto 1.000 kernel_c-1_s0)" in out
+    assert "best c1/s1/k2 4.000" in out
+    (json_path,) = tmp_path.glob("sweep_fake-gpu-80gb_*.json")
+    results = json.loads(json_path.read_text())
+    assert results["splits"] == [0, 1, 2]
+    assert results["variants"] == ["auto", "c0/s1", "c1/s1", "c1/s1/k1", "c1/s1/k2", "c2/s1"]
+    rows = results["rows"]
+    assert len(rows) == 2 * 6 and {r["status"] for r in rows} == {"ok"}
+    by_key = {r["key"]: r for r in rows if r["op"] == "fwd"}
+    assert by_key["c1/s1/k2"]["splits"] == 2 and by_key["c1/s1/k2"]["kernel"].endswith("_k2")
+    assert by_key["c2/s1"]["splits"] == 0
+    assert {(b["config"], b["swizzle"], b["splits"]) for b in results["best"]} == {(1, 1, 2)}
+    assert (1, 1, 2) in state.calls and (0, 1, 2) not in state.calls
+    assert state.current == [5, 7, 3]
+    # the table: c1's cell is the best over its splits
+    lines = bench.format_sweep_table(rows, names)
+    (row_line,) = [x for x in lines if x.startswith("bf16  16x24x8") and " fwd " in x]
+    assert row_line.split()[2:] == ["fwd", "2.0000", "1.000", "2.000", "4.000", "0.500"]
+
+
+def test_sweep_main_splits_need_a_build_with_splits(monkeypatch, tmp_path, capsys):
+    state = SweepState()
+    set_config = bench.ConfigSetter(lambda config, swizzle: [0, 0], takes_splits=False)
+    _fake_sweep_gpu(monkeypatch, ["cfg_streamk"], state)
+    monkeypatch.setattr(bench, "gemm_config_api", lambda: (["cfg_streamk"], set_config))
+    argv = ["--sweep", "--sweep-splits", "0,2", "--out", str(tmp_path)]
+    assert bench.main(argv) == 2
+    assert "takes no splits argument" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))

@@ -69,7 +69,9 @@ def test_set_gemm_config_rejects_bad_values():
         torch.ops.cutlass_nn._set_gemm_config(99, 0)
     with pytest.raises(RuntimeError, match=r"_set_gemm_config: argument 'swizzle'"):
         torch.ops.cutlass_nn._set_gemm_config(-1, 100)
-    assert list(torch.ops.cutlass_nn._set_gemm_config(-1, 0)) == [-1, 0]
+    with pytest.raises(RuntimeError, match=r"_set_gemm_config: argument 'splits'"):
+        torch.ops.cutlass_nn._set_gemm_config(-1, 0, 65)
+    assert list(torch.ops.cutlass_nn._set_gemm_config(-1, 0)) == [-1, 0, 0]
 
 
 # (M, N, K): a multi-wave aligned problem, a decode-like small M, and one whose M and N are not
@@ -189,3 +191,29 @@ def test_fp32_highest_uses_3xtf32_at_fp32_accuracy(op, gen):
     ref = run_torch(op, to64(args))
     err = lambda t: float((t.double() - ref).norm() / ref.norm())  # noqa: E731
     assert err(ours) <= 2 * err(torch_fp32) + 1e-6, (err(ours), err(torch_fp32))
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4, 7])
+@pytest.mark.parametrize("op", ["linear", "linear_dgrad", "linear_wgrad"])
+def test_stream_k_split_factors(op, splits, gen):
+    """Forced split-K factors (and data-parallel, splits = 1) of the stream-K configuration,
+    including a factor that does not divide the number of k-blocks."""
+    _needs_sm90()
+    m, n, k = 48, 1024, 2056
+    args = gemm_args(op, m, n, k, torch.bfloat16, "contig", gen)
+    with _forced(2, 0) if splits == 0 else _forced_splits(2, splits):
+        ours = run_ours(op, args)
+        first = ours.clone()
+        again = run_ours(op, args)
+    assert torch.equal(first, again), "split-K reduction is not deterministic"
+    check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16,
+                f"{op} splits={splits}")
+
+
+@contextlib.contextmanager
+def _forced_splits(config: int, splits: int):
+    previous = torch.ops.cutlass_nn._set_gemm_config(config, 0, splits)
+    try:
+        yield
+    finally:
+        torch.ops.cutlass_nn._set_gemm_config(*previous)

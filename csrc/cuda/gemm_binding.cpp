@@ -24,6 +24,7 @@ std::atomic<bool> g_force_sm80{false};
 // Overrides of the SM90 tile configuration / scheduler swizzle (-1 / 0: the per-shape rule).
 std::atomic<int> g_sm90_config{-1};
 std::atomic<int> g_swizzle{0};
+std::atomic<int> g_splits{0};
 // Process-wide (not thread-local): autograd runs CUDA backward ops on its own worker thread.
 std::atomic<const char*> g_last_kernel{""};
 
@@ -175,6 +176,7 @@ kernels::GemmParams base_params(const Operand& A, const Operand& B, const at::Te
   p.multiprocessors = info.multiprocessors;
   p.sm90_config = g_sm90_config.load();
   p.swizzle = g_swizzle.load();
+  p.splits = g_splits.load();
   return p;
 }
 
@@ -344,16 +346,20 @@ bool gemm_fused_activation(const char* op, const at::Tensor& a, const at::Tensor
   return true;
 }
 
-std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle) {
+std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle, int64_t splits) {
   TORCH_CHECK(config >= -1 && config < kernels::kSm90ConfigCount,
               "cutlass_nn._set_gemm_config: argument 'config' must be -1 (automatic) or an index "
               "below ", std::to_string(kernels::kSm90ConfigCount), ", got ", std::to_string(config));
   TORCH_CHECK(swizzle >= 0 && swizzle <= 8,
               "cutlass_nn._set_gemm_config: argument 'swizzle' must be 0 (automatic) to 8, got ",
               std::to_string(swizzle));
+  TORCH_CHECK(splits >= 0 && splits <= 64,
+              "cutlass_nn._set_gemm_config: argument 'splits' must be 0 (automatic) to 64, got ",
+              std::to_string(splits));
   const int previous_config = g_sm90_config.exchange(static_cast<int>(config));
   const int previous_swizzle = g_swizzle.exchange(static_cast<int>(swizzle));
-  return {previous_config, previous_swizzle};
+  const int previous_splits = g_splits.exchange(static_cast<int>(splits));
+  return {previous_config, previous_swizzle, previous_splits};
 }
 
 std::string gemm_config_names() {

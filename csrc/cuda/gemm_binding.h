@@ -32,9 +32,10 @@ bool gemm_fused_activation(const char* op, const at::Tensor& a, const at::Tensor
                            const at::Tensor& d, const std::optional<at::Tensor>& bias,
                            kernels::Activation activation, const at::Tensor* aux);
 
-// Force an SM90 tile configuration (-1: the per-shape rule) and scheduler swizzle (0: default);
-// returns the previous [config, swizzle]. Process-wide. For the benchmark sweep and tests.
-std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle);
+// Force an SM90 tile configuration (-1: the per-shape rule), scheduler swizzle and split-K
+// factor of the stream-K configurations (0: the rule's choice); returns the previous
+// [config, swizzle, splits]. Process-wide. For the benchmark sweep and tests.
+std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle, int64_t splits);
 
 // The SM90 tile configuration names, one per line, in index order.
 std::string gemm_config_names();

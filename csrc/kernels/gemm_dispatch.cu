@@ -99,22 +99,64 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-// The per-shape rule (from the configuration sweep recorded in benchmarks/NOTES.md):
+// The per-shape rule, from the configuration sweep of benchmarks/NOTES.md (H200, bf16; ratios
+// to cuBLAS there). Tile counts are of the output [m, n] in 128x128 tiles.
 //   * few output tiles (a 128x256 grid filling under half the SMs: decode-like small M, or a
-//     small N): config 2, 128x128 tiles with stream-K, which spreads K over every SM;
-//   * otherwise config 0 (128x256, 2x1 cluster, persistent), unless its last wave would leave
-//     more than a third of the SMs idle, where config 1 (the same with stream-K) fills them.
-int choose_sm90_config(const GemmParams& p) {
+//     small N): config 2, 128x128 tiles with stream-K, which spreads K over every SM
+//     (128x8192x8192 forward: 0.83 vs 0.48 for config 0);
+//   * a short K (<= 256: wgrad over a few tokens): the output write dominates, config 0's
+//     128x256 epilogue is the fastest (0.80-0.83 vs 0.73-0.75 for ping-pong);
+//   * more than 1024 tiles: config 3, 128x128 ping-pong with a 1x2 cluster, whose epilogue
+//     overlaps the other warpgroup's mainloop (1.00-1.10 vs 0.93-1.03 for config 0), with a
+//     scheduler swizzle of 4 from 4096 tiles on (better L2 reuse of the large operands);
+//   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent): 4096^3 and
+//     1024x4096x4096 (0.96-1.01 vs 0.85-0.99 for the others).
+// Config 1 (config 0 with stream-K) won no measured shape and is left to the sweep.
+Sm90Choice choose_sm90_config(const GemmParams& p) {
   const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
-  const int64_t tiles = ceil_div(p.m, 128) * ceil_div(p.n, 256);
-  if (tiles * 2 < sms) return 2;
-  const int64_t waves = ceil_div(tiles, sms);
-  const int64_t last_wave = tiles - (waves - 1) * sms;
-  if (waves <= 4 && last_wave * 3 < sms * 2) return 1;
-  return 0;
+  Sm90Choice c;
+  if (ceil_div(p.m, 128) * ceil_div(p.n, 256) * 2 < sms) {
+    c.config = 2;
+    return c;
+  }
+  if (p.k <= 256) return c;
+  const int64_t tiles = ceil_div(p.m, 128) * ceil_div(p.n, 128);
+  if (tiles > 1024) {
+    c.config = 3;
+    c.swizzle = tiles >= 4096 ? 4 : 1;
+  }
+  return c;
 }
 
 namespace {
+
+// The rule's choice with the overrides of the params applied (sm90_config / swizzle / splits
+// >= their "unset" values), restricted to the configurations with fused-activation kernels when
+// the epilogue is fused.
+Sm90Choice resolve_sm90(const GemmParams& p) {
+  Sm90Choice c = choose_sm90_config(p);
+  if (p.sm90_config >= 0) c.config = p.sm90_config;
+  if (p.swizzle > 0) c.swizzle = p.swizzle;
+  if (p.splits > 0) c.splits = p.splits;
+  if (has_fused_epilogue(p) && !has_act_kernels(c.config)) {
+    const int rule = choose_sm90_config(p).config;
+    c.config = has_act_kernels(rule) ? rule : 0;
+  }
+  return c;
+}
+
+int sm90_config_for(const GemmParams& p) { return resolve_sm90(p).config; }
+
+// normalize() plus the resolved SM90 choice written into the params, so that the launch sees
+// the rule's swizzle / splits.
+GemmParams prepare(const GemmParams& in) {
+  GemmParams p = normalize(in);
+  const Sm90Choice c = resolve_sm90(p);
+  p.sm90_config = c.config;
+  p.swizzle = c.swizzle;
+  p.splits = c.splits;
+  return p;
+}
 
 const KernelEntry* select_kernel(const GemmParams& p) {
   if (p.sm < 80) return nullptr;
@@ -148,8 +190,7 @@ const KernelEntry* select_kernel(const GemmParams& p) {
 
   // The SM90 configuration: forced (sweep / tests), else the rule; fused epilogues exist for
   // some configurations only.
-  int config = p.sm90_config >= 0 ? p.sm90_config : choose_sm90_config(p);
-  if (fused && !has_act_kernels(config)) config = choose_sm90_config(p) == 2 ? 2 : 0;
+  const int config = sm90_config_for(p);
 
   for (const KernelEntry& e : kKernels) {
     if (e.dtype_ab != p.dtype_ab || e.dtype_cd != p.dtype_cd) continue;
@@ -216,12 +257,12 @@ const char* sm90_config_name(int config) {
 }
 
 const char* gemm_kernel_name(const GemmParams& params) {
-  const KernelEntry* e = select_kernel(normalize(params));
+  const KernelEntry* e = select_kernel(prepare(params));
   return e != nullptr ? e->name : "";
 }
 
 size_t gemm_workspace_size(const GemmParams& params) {
-  const GemmParams p = normalize(params);
+  const GemmParams p = prepare(params);
   const KernelEntry* e = select_kernel(p);
   if (e == nullptr) return 0;
   size_t bytes = 0;
@@ -232,7 +273,7 @@ size_t gemm_workspace_size(const GemmParams& params) {
 GemmStatus run_gemm(const GemmParams& params, void* workspace, size_t workspace_bytes,
                     cudaStream_t stream, const char** detail) {
   if (detail != nullptr) *detail = "";
-  const GemmParams p = normalize(params);
+  const GemmParams p = prepare(params);
   const KernelEntry* e = select_kernel(p);
   if (e == nullptr) {
     if (detail != nullptr) {

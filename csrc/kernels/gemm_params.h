@@ -79,6 +79,9 @@ struct GemmParams {
   // defaults (-1, 0) follow the per-shape rule of gemm_dispatch.cu.
   int sm90_config = -1;
   int swizzle = 0;
+  // K decomposition of the stream-K configurations: 0 = the rule's choice, 1 = data-parallel
+  // (no split), s > 1 = split-K into s slices (reduced deterministically in the workspace).
+  int splits = 0;
 };
 
 // True when params ask for a fused epilogue (an activation or an aux output).
@@ -103,8 +106,13 @@ const char* gemm_status_string(GemmStatus status);
 constexpr int kSm90ConfigCount = 4;
 const char* sm90_config_name(int config);
 
-// The SM90 tile configuration the per-shape rule picks for these params (ignores sm90_config).
-int choose_sm90_config(const GemmParams& params);
+// What the per-shape rule picks for these params (ignores the overrides in them).
+struct Sm90Choice {
+  int config = 0;   // Sm90TileConfig<config>
+  int swizzle = 0;  // 0: CUTLASS's default
+  int splits = 0;   // 0: the stream-K scheduler's own heuristic
+};
+Sm90Choice choose_sm90_config(const GemmParams& params);
 
 // Human-readable name of the kernel that run_gemm() would pick for these params ("" if none).
 // Used in error messages and by tests that check the dispatch.

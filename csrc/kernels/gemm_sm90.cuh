@@ -208,6 +208,15 @@ struct Sm90Gemm {
     // Rasterization swizzle of the tile scheduler (1 = none): neighbouring CTAs share A or B
     // tiles in L2.
     if (p.swizzle > 0) args.scheduler.max_swizzle_size = p.swizzle;
+    if constexpr (std::is_same<typename Cfg::TileScheduler, cutlass::gemm::StreamKScheduler>::value) {
+      using Decomposition = cutlass::gemm::kernel::detail::DecompositionMode;
+      if (p.splits == 1) {
+        args.scheduler.decomposition_mode = Decomposition::DataParallel;
+      } else if (p.splits > 1) {
+        args.scheduler.splits = p.splits;
+        args.scheduler.decomposition_mode = Decomposition::SplitK;
+      }
+    }
 
     auto& fusion = args.epilogue.thread;
     fusion.alpha = p.alpha;

@@ -37,6 +37,9 @@ void run_checks(const torch::Device& device, torch::Dtype dtype, double rtol, do
         torch::linear(x, w, b), rtol, atol);
   check("cutlass_nn::linear(x, w) == torch::linear (no bias)" + tag, cutlass_nn::linear(x, w),
         torch::linear(x, w), rtol, atol);
+  check("cutlass_nn::linear_act(x, w, b, \"gelu_tanh\") == gelu(linear, tanh)" + tag,
+        cutlass_nn::linear_act(x, w, b, "gelu_tanh"),
+        torch::gelu(torch::linear(x, w, b), "tanh"), rtol, atol);
 
   const auto a = torch::randn({24, 40}, opts);
   const auto m = torch::randn({40, 12}, opts);

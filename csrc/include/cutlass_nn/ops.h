@@ -31,6 +31,19 @@ inline at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
   return op.call(input, weight, bias);
 }
 
+// y = act(input @ weight.T + bias) with the activation fused into the GEMM epilogue where the
+// GPU allows; activation: "none", "relu", "gelu", "gelu_tanh" (forward only: the C++ API does
+// not register autograd).
+inline at::Tensor linear_act(const at::Tensor& input, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias, const std::string& activation) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("cutlass_nn::linear_act", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, c10::string_view)>();
+  return op.call(input, weight, bias, activation);
+}
+
 // a @ b for 2-D a [n, m], b [m, p] (torch::mm).
 inline at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   static const auto op = c10::Dispatcher::singleton()
