@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import re
 import xml.etree.ElementTree as ET
@@ -45,6 +46,10 @@ def main() -> None:
     print("# cutlass_nn GPU check\n")
     print(f"- date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}")
     print(f"- command: `{args.command}`")
+    knobs = [f"{k}={os.environ[k]}" for k in ("CUTLASS_NN_CUDA_ARCHS", "MAX_JOBS", "PYTEST_TARGETS")
+             if os.environ.get(k)]
+    if knobs:
+        print(f"- environment: {', '.join(knobs)}")
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         print(
