@@ -46,7 +46,10 @@ SM90_CONFIG_NAMES = {
     1: "128x256x64_2x1x1_coop_streamk",
     2: "128x128x64_1x1x1_coop_streamk",
     3: "128x128x64_1x2x1_pingpong",
+    4: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only
 }
+# The configurations of the 16-bit kernels (the sweep's and the rule's choices).
+SM90_16BIT_CONFIGS = (0, 1, 2, 3)
 # Epilogue kinds (EpilogueKind in gemm_registry.h) and their name suffixes.
 EPILOGUES = {"kLinComb": "", "kAct": "_act", "kActAux": "_actaux"}
 # SM90 configurations that also get the fused bias + activation forward kernels: the
@@ -73,6 +76,8 @@ class Kernel:
     def name(self) -> str:
         ab, cd = DTYPE_SHORT[self.ab], DTYPE_SHORT[self.cd]
         if self.family == "kSm90TmaWs":
+            if self.ab == "kFloat32":
+                ab = "tf32"  # float32 operands on TF32 tensor cores
             return (
                 f"sm90_tma_ws_{ab}_{cd}_{self.layout}_{SM90_CONFIG_NAMES[self.config]}"
                 f"{EPILOGUES[self.epilogue]}"
@@ -100,11 +105,14 @@ def kernel_list() -> list[Kernel]:
     sixteen = ("kBFloat16", "kFloat16")
     # SM90: forward / dgrad / wgrad with the input dtype out, plus fp32-out wgrad (fp32 grad accum).
     # Every tile configuration, so that the per-shape rule can pick any of them for any GEMM.
-    for config in SM90_CONFIG_NAMES:
+    for config in SM90_16BIT_CONFIGS:
         for ab in sixteen:
             for lay in ("tn", "nn", "nt"):
                 ks.append(Kernel("kSm90TmaWs", ab, ab, lay, 8, config))
             ks.append(Kernel("kSm90TmaWs", ab, "kFloat32", "nt", 8, config))
+    # float32 on TF32 tensor cores: K-major operands (tn) only; the binding gives it TF32
+    # matmuls and the operands it splits for 3xTF32.
+    ks.append(Kernel("kSm90TmaWs", "kFloat32", "kFloat32", "tn", 4, 4))
     # Fused bias + activation (with / without the pre-activation output): forward (tn) only.
     for config in SM90_ACT_CONFIGS:
         for ab in sixteen:

@@ -178,19 +178,51 @@ def test_misaligned_accumulation_padded(acc_dtype, gen):
     assert torch.isnan(buf[:, k:]).all(), "wrote past grad_weight"
 
 
-@pytest.mark.parametrize("op", ["linear", "linear_dgrad", "linear_wgrad"])
-def test_fp32_highest_uses_3xtf32_at_fp32_accuracy(op, gen):
-    """float32 with matmul precision "highest": 3xTF32 kernels, as accurate as cuBLAS fp32."""
-    m, n, k = 256, 384, 1024
+# float32 "highest": the large problems take the split 3xTF32 path on Hopper (one TF32 GEMM
+# over [big|big|small] x [big;small;big] operands), the small ones the SM80 3xTF32 kernels.
+F32_SHAPES = {"aligned": (256, 384, 1024), "odd_k": (300, 388, 1001), "small": (64, 96, 80)}
+
+
+@pytest.mark.parametrize("shape", F32_SHAPES.values(), ids=F32_SHAPES.keys())
+@pytest.mark.parametrize("op", ["linear", "linear_nobias", "linear_dgrad", "linear_wgrad", "mm"])
+def test_fp32_highest_is_3xtf32_at_fp32_accuracy(op, shape, gen):
+    """As accurate as cuBLAS fp32 (within 2x of its error vs float64, plus a 1e-6 floor)."""
+    m, n, k = shape
     args = gemm_args(op, m, n, k, torch.float32, "contig", gen)
+    before = clone_all(args)
     with matmul_precision(False):
         ours = run_ours(op, args)
         name = ops.last_kernel_name()
         torch_fp32 = run_torch(op, args)
     assert "3xtf32" in name, name
+    on_sm90 = torch.cuda.get_device_capability() == (9, 0) and "90a" in cutlass_nn.build_info()[
+        "cuda_archs"]
+    if on_sm90 and m * n * k >= 2**26 and gemm_out_shape(op, m, n, k)[1] % 4 == 0:
+        assert name.startswith("3xtf32_split+sm90"), name
     ref = run_torch(op, to64(args))
     err = lambda t: float((t.double() - ref).norm() / ref.norm())  # noqa: E731
-    assert err(ours) <= 2 * err(torch_fp32) + 1e-6, (err(ours), err(torch_fp32))
+    assert err(ours) <= 2 * err(torch_fp32) + 1e-6, (name, err(ours), err(torch_fp32))
+    assert_unchanged(args, before, op)
+
+
+def test_fp32_highest_split_accumulates_and_propagates_inf(gen):
+    """In-place fp32 accumulation through the split path, and an infinity in an operand gives
+    the same non-finite pattern as torch (the split keeps inf in the big part, 0 in the small)."""
+    dy = make_matrix(1000, 256, torch.float32, "contig", gen)
+    x = make_matrix(1000, 512, torch.float32, "contig", gen)
+    gw = make_matrix(256, 512, torch.float32, "contig", gen)
+    start = gw.clone()
+    with matmul_precision(False):
+        ops.linear_wgrad_accumulate_(gw, dy, x)
+        ref = start.double() + dy.double().t() @ x.double()
+        assert float((gw.double() - ref).norm() / ref.norm()) < 1e-6
+        xi = make_matrix(512, 1024, torch.float32, "contig", gen)
+        w = make_matrix(256, 1024, torch.float32, "contig", gen)
+        xi[3, 5] = float("inf")
+        ours = ops.linear(xi, w, None)
+        theirs = torch.nn.functional.linear(xi, w)
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
+    assert torch.equal(torch.isnan(ours), torch.isnan(theirs))
 
 
 @pytest.mark.parametrize("splits", [1, 2, 4, 7])

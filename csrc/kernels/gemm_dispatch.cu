@@ -134,6 +134,7 @@ namespace {
 // >= their "unset" values), restricted to the configurations with fused-activation kernels when
 // the epilogue is fused.
 Sm90Choice resolve_sm90(const GemmParams& p) {
+  if (p.dtype_ab == DType::kFloat32) return Sm90Choice{4, 0, 0};  // the one TF32 configuration
   Sm90Choice c = choose_sm90_config(p);
   if (p.sm90_config >= 0) c.config = p.sm90_config;
   if (p.swizzle > 0) c.swizzle = p.swizzle;
@@ -203,6 +204,7 @@ const KernelEntry* select_kernel(const GemmParams& p) {
     switch (e.family) {
       case KernelFamily::kSm90TmaWs:
         if (p.sm != 90 || p.arch_path != ArchPath::kAuto) continue;
+        if (p.dtype_ab == DType::kFloat32 && p.fp32_math != Fp32Math::kTf32) continue;
         if (p.c_row_broadcast && p.beta != 1.0f) continue;  // the fused bias is not scaled
         if (e.config != config) continue;
         break;
@@ -252,6 +254,7 @@ const char* sm90_config_name(int config) {
     case 1: return "128x256x64_2x1x1_coop_streamk";
     case 2: return "128x128x64_1x1x1_coop_streamk";
     case 3: return "128x128x64_1x2x1_pingpong";
+    case 4: return "128x256x32_2x1x1_coop";
   }
   return nullptr;
 }

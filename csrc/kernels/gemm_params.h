@@ -103,7 +103,7 @@ const char* gemm_status_string(GemmStatus status);
 
 // Number of SM90 tile configurations, and the name of one (nullptr past the end); index =
 // GemmParams::sm90_config.
-constexpr int kSm90ConfigCount = 4;
+constexpr int kSm90ConfigCount = 4;  // of the 16-bit kernels; config 4 is float32 (TF32) only
 const char* sm90_config_name(int config);
 
 // What the per-shape rule picks for these params (ignores the overrides in them).

@@ -78,6 +78,18 @@ struct Sm90TileConfig<3> {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
+// 4: float32 operands on TF32 tensor cores (K-major A and B, i.e. the "tn" layout only): 32-deep
+// k-blocks keep 4 pipeline stages of 128x256 tiles in shared memory. Used for TF32 matmuls and,
+// on operands split into TF32 parts by the binding, for the 3xTF32 "highest" path.
+template <>
+struct Sm90TileConfig<4> {
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_32>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+
 // An activation chosen at run time (GemmParams::activation), evaluated on the fp32 value
 // z = acc + bias in the epilogue with the same scalar math as the elementwise kernels and the
 // CPU reference (activation_math.h). CUTLASS's Sm90Compute passes `Arguments` to functors that
@@ -249,6 +261,9 @@ struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Con
   using Op = Sm90Gemm<detail::element_t<AB>, detail::element_t<CD>, detail::layout_t<LA>,
                       detail::layout_t<LB>, Sm90TileConfig<Config>, Epi>;
   static_assert(Align == Op::kAlignmentAB, "SM90 kernels use 16-byte alignment");
+  static_assert(AB != DType::kFloat32 || (Config == 4 && LA == Layout::kRowMajor &&
+                                          LB == Layout::kColumnMajor),
+                "float32 (TF32) SM90 kernels: config 4, K-major A and B (tn) only");
 
   static GemmStatus launch(const GemmParams& p, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, const char** detail, size_t* workspace_query) {
