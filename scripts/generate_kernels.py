@@ -51,10 +51,13 @@ SM90_CONFIG_NAMES = {
 # The configurations of the 16-bit kernels (the sweep's and the rule's choices).
 SM90_16BIT_CONFIGS = (0, 1, 2, 3)
 # Epilogue kinds (EpilogueKind in gemm_registry.h) and their name suffixes.
-EPILOGUES = {"kLinComb": "", "kAct": "_act", "kActAux": "_actaux"}
-# SM90 configurations that also get the fused bias + activation forward kernels: the
-# large-problem default and the small-M stream-K one.
-SM90_ACT_CONFIGS = (0, 2)
+EPILOGUES = {"kLinComb": "", "kAct": "", "kActAux": "_aux"}
+# The SM90 configuration of the fused bias + activation forward kernels: ping-pong, whose
+# epilogue (the activation math, the extra pre-activation store) overlaps the other warpgroup's
+# mainloop.
+SM90_ACT_CONFIG = 3
+# Activations compiled into the fused kernels (Activation in activation_math.h) and their names.
+ACTIVATIONS = {"kReLU": "relu", "kGelu": "gelu", "kGeluTanh": "gelutanh"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Kernel:
     align: int
     config: int = 0
     epilogue: str = "kLinComb"
+    activation: str = "kIdentity"
 
     @property
     def align_cd(self) -> int:
@@ -80,7 +84,8 @@ class Kernel:
                 ab = "tf32"  # float32 operands on TF32 tensor cores
             return (
                 f"sm90_tma_ws_{ab}_{cd}_{self.layout}_{SM90_CONFIG_NAMES[self.config]}"
-                f"{EPILOGUES[self.epilogue]}"
+                + (f"_{ACTIVATIONS[self.activation]}" if self.activation != "kIdentity" else "")
+                + EPILOGUES[self.epilogue]
             )
         if self.family == "kSm80TensorOp":
             kind = {"kFloat32": "tf32", "kFloat64": "dmma"}.get(self.ab, "tensorop")
@@ -96,7 +101,7 @@ class Kernel:
         return (
             f"KernelTag<KernelFamily::{self.family}, DType::{self.ab}, DType::{self.cd}, "
             f"Layout::{la}, Layout::{lb}, {self.align}, {self.config}, "
-            f"EpilogueKind::{self.epilogue}>"
+            f"EpilogueKind::{self.epilogue}, Activation::{self.activation}>"
         )
 
 
@@ -114,10 +119,10 @@ def kernel_list() -> list[Kernel]:
     # matmuls and the operands it splits for 3xTF32.
     ks.append(Kernel("kSm90TmaWs", "kFloat32", "kFloat32", "tn", 4, 4))
     # Fused bias + activation (with / without the pre-activation output): forward (tn) only.
-    for config in SM90_ACT_CONFIGS:
-        for ab in sixteen:
+    for ab in sixteen:
+        for act in ACTIVATIONS:
             for epi in ("kAct", "kActAux"):
-                ks.append(Kernel("kSm90TmaWs", ab, ab, "tn", 8, config, epi))
+                ks.append(Kernel("kSm90TmaWs", ab, ab, "tn", 8, SM90_ACT_CONFIG, epi, act))
     # SM80 16-bit tensor-op: 16-byte and 4-byte (cp.async minimum) accesses. Alignment-4 operands
     # use the align2 kernel; alignment-1 operands go to the fallback.
     for ab in sixteen:
@@ -177,13 +182,13 @@ def render(ks: list[Kernel]) -> dict[str, str]:
         HEADER,
         "// One row per kernel, in priority order (the dispatcher takes the first row that fits).\n",
         "// CUTLASS_NN_KERNEL(family, dtype_ab, dtype_cd, layout_a, layout_b, align_ab, align_cd,\n",
-        "//                   config, epilogue, name)\n",
+        "//                   config, epilogue, activation, name)\n",
     ]
     for k in ordered:
         la, lb = LAYOUTS.get(k.layout, ("kRowMajor", "kRowMajor"))
         row = (
             f"CUTLASS_NN_KERNEL({k.family}, {k.ab}, {k.cd}, {la}, {lb}, {k.align}, "
-            f'{k.align_cd}, {k.config}, {k.epilogue}, "{k.name}")\n'
+            f'{k.align_cd}, {k.config}, {k.epilogue}, {k.activation}, "{k.name}")\n'
         )
         if k.family == "kSm90TmaWs":
             row = f"#if defined(CUTLASS_NN_HAS_SM90)\n{row}#endif\n"

@@ -178,8 +178,8 @@ def test_misaligned_accumulation_padded(acc_dtype, gen):
     assert torch.isnan(buf[:, k:]).all(), "wrote past grad_weight"
 
 
-# float32 "highest": the large problems take the split 3xTF32 path on Hopper (one TF32 GEMM
-# over [big|big|small] x [big;small;big] operands), the small ones the SM80 3xTF32 kernels.
+# float32 "highest": the SM80 3xTF32 kernels (mma.sync; WGMMA's TF32 accumulation was measured
+# too lossy for this, see benchmarks/NOTES.md), SIMT fp32 where 3xTF32 cannot read the operands.
 F32_SHAPES = {"aligned": (256, 384, 1024), "odd_k": (300, 388, 1001), "small": (64, 96, 80)}
 
 
@@ -194,20 +194,19 @@ def test_fp32_highest_is_3xtf32_at_fp32_accuracy(op, shape, gen):
         ours = run_ours(op, args)
         name = ops.last_kernel_name()
         torch_fp32 = run_torch(op, args)
-    assert "3xtf32" in name, name
-    on_sm90 = torch.cuda.get_device_capability() == (9, 0) and "90a" in cutlass_nn.build_info()[
-        "cuda_archs"]
-    if on_sm90 and m * n * k >= 2**26 and gemm_out_shape(op, m, n, k)[1] % 4 == 0:
-        assert name.startswith("3xtf32_split+sm90"), name
+    assert "3xtf32" in name or "simt" in name, name
+    if shape == F32_SHAPES["aligned"]:
+        assert "3xtf32" in name, name
     ref = run_torch(op, to64(args))
     err = lambda t: float((t.double() - ref).norm() / ref.norm())  # noqa: E731
     assert err(ours) <= 2 * err(torch_fp32) + 1e-6, (name, err(ours), err(torch_fp32))
     assert_unchanged(args, before, op)
 
 
-def test_fp32_highest_split_accumulates_and_propagates_inf(gen):
-    """In-place fp32 accumulation through the split path, and an infinity in an operand gives
-    the same non-finite pattern as torch (the split keeps inf in the big part, 0 in the small)."""
+def test_fp32_highest_accumulates_and_keeps_non_finite(gen):
+    """In-place fp32 accumulation at precision "highest", and an infinity in an operand gives
+    non-finite results exactly where torch's do (3xTF32 may turn +-inf into NaN: the split of
+    inf has a NaN remainder)."""
     dy = make_matrix(1000, 256, torch.float32, "contig", gen)
     x = make_matrix(1000, 512, torch.float32, "contig", gen)
     gw = make_matrix(256, 512, torch.float32, "contig", gen)
@@ -222,7 +221,6 @@ def test_fp32_highest_split_accumulates_and_propagates_inf(gen):
         ours = ops.linear(xi, w, None)
         theirs = torch.nn.functional.linear(xi, w)
     assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
-    assert torch.equal(torch.isnan(ours), torch.isnan(theirs))
 
 
 @pytest.mark.parametrize("splits", [1, 2, 4, 7])

@@ -22,11 +22,11 @@ namespace kernels {
 namespace {
 
 const KernelEntry kKernels[] = {
-#define CUTLASS_NN_KERNEL(fam, ab, cd, la, lb, align, align_cd, config, epi, name)            \
+#define CUTLASS_NN_KERNEL(fam, ab, cd, la, lb, align, align_cd, config, epi, act, name)       \
   {KernelFamily::fam, DType::ab,  DType::cd, Layout::la, Layout::lb, align, align_cd, config,  \
-   EpilogueKind::epi, name,                                                                   \
+   EpilogueKind::epi, Activation::act, name,                                                  \
    &launch<KernelTag<KernelFamily::fam, DType::ab, DType::cd, Layout::la, Layout::lb, align,  \
-                     config, EpilogueKind::epi>>},
+                     config, EpilogueKind::epi, Activation::act>>},
 #include "generated/kernel_registry.inc"
 #undef CUTLASS_NN_KERNEL
 };
@@ -91,9 +91,8 @@ bool valid_dtypes(DType ab, DType cd) {
   return cd == ab;
 }
 
-// SM90 tile configurations that have fused-activation kernels (SM90_ACT_CONFIGS of the
-// generator): another choice is mapped to the nearest of these for a fused epilogue.
-bool has_act_kernels(int config) { return config == 0 || config == 2; }
+// The SM90 tile configuration of the fused-activation kernels (SM90_ACT_CONFIG of the generator).
+constexpr int kActConfig = 3;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -139,10 +138,7 @@ Sm90Choice resolve_sm90(const GemmParams& p) {
   if (p.sm90_config >= 0) c.config = p.sm90_config;
   if (p.swizzle > 0) c.swizzle = p.swizzle;
   if (p.splits > 0) c.splits = p.splits;
-  if (has_fused_epilogue(p) && !has_act_kernels(c.config)) {
-    const int rule = choose_sm90_config(p).config;
-    c.config = has_act_kernels(rule) ? rule : 0;
-  }
+  if (has_fused_epilogue(p)) c.config = kActConfig;
   return c;
 }
 
@@ -195,7 +191,9 @@ const KernelEntry* select_kernel(const GemmParams& p) {
 
   for (const KernelEntry& e : kKernels) {
     if (e.dtype_ab != p.dtype_ab || e.dtype_cd != p.dtype_cd) continue;
-    if (e.epilogue != want) continue;
+    if (e.epilogue != want || e.activation != (fused ? p.activation : Activation::kIdentity)) {
+      continue;
+    }
     if (e.family != KernelFamily::kFallback &&
         (e.layout_a != p.layout_a || e.layout_b != p.layout_b || !fits_int)) {
       continue;

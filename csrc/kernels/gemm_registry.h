@@ -22,15 +22,15 @@ enum class KernelFamily : int {
 // What the epilogue computes (SM90 family only; the other families are kLinComb).
 enum class EpilogueKind : int {
   kLinComb = 0,  // D = alpha * acc + beta * C (+ bias[n])
-  kAct = 1,      // D = act(acc + bias[n]), act chosen at run time (GemmParams::activation)
+  kAct = 1,      // D = act(acc + bias[n]), act = the tag's Activation
   kActAux = 2,   // the same, plus aux = acc + bias[n] (the pre-activation)
 };
 
 // Compile-time identity of one kernel. Align is the A/B access width in elements; Config selects
 // a tile configuration of the family (see Sm90TileConfig in gemm_sm90.cuh); Epi the
-// epilogue.
+// epilogue and Act its activation (compile-time: one kernel per activation).
 template <KernelFamily F, DType AB, DType CD, Layout LA, Layout LB, int Align, int Config = 0,
-          EpilogueKind Epi = EpilogueKind::kLinComb>
+          EpilogueKind Epi = EpilogueKind::kLinComb, Activation Act = Activation::kIdentity>
 struct KernelTag {};
 
 // Runs (or, if workspace_query != nullptr, only sizes the workspace of) the kernel named by Tag.
@@ -53,6 +53,7 @@ struct KernelEntry {
   int align_cd;     // required alignment (elements) of C and D
   int config;       // tile configuration within the family (SM90: Sm90TileConfig<config>)
   EpilogueKind epilogue;
+  Activation activation;  // of a kAct / kActAux epilogue (compiled in); kIdentity otherwise
   const char* name;
   LaunchFn fn;
 };

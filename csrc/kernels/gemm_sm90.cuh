@@ -1,7 +1,7 @@
 // CUTLASS 3.x SM90 (Hopper) GEMM: TMA loads, warp-specialized WGMMA mainloop, TMA epilogue.
 //
 //   D = alpha * (A @ B) + beta * C + bias[n]        (EpilogueKind::kLinComb)
-//   D = act(A @ B + bias[n])                        (kAct)
+//   D = act(A @ B + bias[n])                        (kAct, act fixed per kernel)
 //   aux = A @ B + bias[n], D = act(aux)             (kActAux: the pre-activation for backward)
 //
 // A/B are 16-bit (f16 / bf16), accumulation is fp32, C/D are RowMajor with the A/B dtype or fp32.
@@ -90,64 +90,59 @@ struct Sm90TileConfig<4> {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
-// An activation chosen at run time (GemmParams::activation), evaluated on the fp32 value
-// z = acc + bias in the epilogue with the same scalar math as the elementwise kernels and the
-// CPU reference (activation_math.h). CUTLASS's Sm90Compute passes `Arguments` to functors that
-// declare it, so one kernel serves every activation; the branch is uniform across the grid.
-template <class T>
-struct RuntimeActivation {
-  static constexpr bool kIsHeavy = true;
-  struct Arguments {
-    Activation kind = Activation::kIdentity;
+// The activation of a fused epilogue, fixed at compile time (one kernel per activation: a
+// run-time switch over all of them inlined into every epilogue fragment made the first version
+// of these kernels 2.3x slower than the plain GEMM, see benchmarks/NOTES.md). Evaluated on the
+// fp32 value z = acc + bias with the scalar math the elementwise kernels and the CPU reference
+// share (activation_math.h).
+template <Activation A>
+struct ActivationOf {
+  template <class T>
+  struct Fn {
+    CUTLASS_HOST_DEVICE T operator()(T const& z) const {
+      return T(activation_forward(A, static_cast<float>(z)));
+    }
   };
-  CUTLASS_HOST_DEVICE T operator()(T const& z, Arguments const& args) const {
-    return T(activation_forward(args.kind, static_cast<float>(z)));
-  }
-};
-
-template <class T, int N>
-struct RuntimeActivation<cutlass::Array<T, N>> {
-  static constexpr bool kIsHeavy = true;
-  using Arguments = typename RuntimeActivation<T>::Arguments;
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& z,
-                                                      Arguments const& args) const {
-    cutlass::Array<T, N> out;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) out[i] = T(activation_forward(args.kind, static_cast<float>(z[i])));
-    return out;
-  }
+  template <class T, int N>
+  struct Fn<cutlass::Array<T, N>> {
+    CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& z) const {
+      cutlass::Array<T, N> out;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < N; ++i) out[i] = T(activation_forward(A, static_cast<float>(z[i])));
+      return out;
+    }
+  };
 };
 
 // The epilogue fusion of each Epilogue kind (see gemm_registry.h).
-template <EpilogueKind E, class ElementCD>
+template <EpilogueKind E, class ElementCD, Activation A>
 struct Sm90Fusion;
 
-template <class ElementCD>
-struct Sm90Fusion<EpilogueKind::kLinComb, ElementCD> {
+template <class ElementCD, Activation A>
+struct Sm90Fusion<EpilogueKind::kLinComb, ElementCD, A> {
   // D = alpha * acc + beta * C + bias[n]; bias has the output dtype.
   using Op = cutlass::epilogue::fusion::LinCombPerColBias<ElementCD, float, ElementCD, ElementCD,
                                                           float>;
 };
 
-template <class ElementCD>
-struct Sm90Fusion<EpilogueKind::kAct, ElementCD> {
+template <class ElementCD, Activation A>
+struct Sm90Fusion<EpilogueKind::kAct, ElementCD, A> {
   // D = act(alpha * acc + bias[n])
-  using Op = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeActivation, ElementCD,
-                                                                float, ElementCD, ElementCD,
-                                                                float>;
+  using Op = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
+      ActivationOf<A>::template Fn, ElementCD, float, ElementCD, ElementCD, float>;
 };
 
-template <class ElementCD>
-struct Sm90Fusion<EpilogueKind::kActAux, ElementCD> {
+template <class ElementCD, Activation A>
+struct Sm90Fusion<EpilogueKind::kActAux, ElementCD, A> {
   // aux = alpha * acc + bias[n] (the pre-activation, row-major like D); D = act(aux)
   using Op = cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<
-      cutlass::layout::RowMajor, RuntimeActivation, ElementCD, float, ElementCD, ElementCD,
-      ElementCD, float>;
+      cutlass::layout::RowMajor, ActivationOf<A>::template Fn, ElementCD, float, ElementCD,
+      ElementCD, ElementCD, float>;
 };
 
 // The CUTLASS type, parameterized by everything a per-shape selection may want to vary.
 template <class ElementAB, class ElementCD, class LayoutA, class LayoutB, class Cfg,
-          EpilogueKind Epi>
+          EpilogueKind Epi, Activation Act>
 struct Sm90Gemm {
   using ElementAccumulator = float;
   using ElementCompute = float;
@@ -156,7 +151,7 @@ struct Sm90Gemm {
   static constexpr int kAlignmentAB = 128 / cutlass::sizeof_bits<ElementAB>::value;  // 16 bytes
   static constexpr int kAlignmentCD = 128 / cutlass::sizeof_bits<ElementCD>::value;
 
-  using FusionOp = typename Sm90Fusion<Epi, ElementCD>::Op;
+  using FusionOp = typename Sm90Fusion<Epi, ElementCD, Act>::Op;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -245,9 +240,6 @@ struct Sm90Gemm {
       fusion.beta = p.beta;
       fusion.bias_ptr = nullptr;
     }
-    if constexpr (Epi != EpilogueKind::kLinComb) {
-      fusion.activation.kind = p.activation;
-    }
     if constexpr (Epi == EpilogueKind::kActAux) {
       fusion.aux_ptr = static_cast<ElementCD*>(p.aux);
       fusion.dAux = cute::make_stride(p.ldaux, _1{}, int64_t(0));
@@ -256,10 +248,11 @@ struct Sm90Gemm {
   }
 };
 
-template <DType AB, DType CD, Layout LA, Layout LB, int Align, int Config, EpilogueKind Epi>
-struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Config, Epi>> {
+template <DType AB, DType CD, Layout LA, Layout LB, int Align, int Config, EpilogueKind Epi,
+          Activation Act>
+struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Config, Epi, Act>> {
   using Op = Sm90Gemm<detail::element_t<AB>, detail::element_t<CD>, detail::layout_t<LA>,
-                      detail::layout_t<LB>, Sm90TileConfig<Config>, Epi>;
+                      detail::layout_t<LB>, Sm90TileConfig<Config>, Epi, Act>;
   static_assert(Align == Op::kAlignmentAB, "SM90 kernels use 16-byte alignment");
   static_assert(AB != DType::kFloat32 || (Config == 4 && LA == Layout::kRowMajor &&
                                           LB == Layout::kColumnMajor),

@@ -5,22 +5,22 @@ namespace cutlass_nn {
 namespace kernels {
 
 // fallback_f16_f16
-template GemmStatus launch<KernelTag<KernelFamily::kFallback, DType::kFloat16, DType::kFloat16, Layout::kRowMajor, Layout::kRowMajor, 1, 0, EpilogueKind::kLinComb>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
+template GemmStatus launch<KernelTag<KernelFamily::kFallback, DType::kFloat16, DType::kFloat16, Layout::kRowMajor, Layout::kRowMajor, 1, 0, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 // fallback_bf16_bf16
-template GemmStatus launch<KernelTag<KernelFamily::kFallback, DType::kBFloat16, DType::kBFloat16, Layout::kRowMajor, Layout::kRowMajor, 1, 0, EpilogueKind::kLinComb>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
+template GemmStatus launch<KernelTag<KernelFamily::kFallback, DType::kBFloat16, DType::kBFloat16, Layout::kRowMajor, Layout::kRowMajor, 1, 0, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 // fallback_f16_f32
-template GemmStatus launch<KernelTag<KernelFamily::kFallback, DType::kFloat16, DType::kFloat32, Layout::kRowMajor, Layout::kRowMajor, 1, 0, EpilogueKind::kLinComb>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
+template GemmStatus launch<KernelTag<KernelFamily::kFallback, DType::kFloat16, DType::kFloat32, Layout::kRowMajor, Layout::kRowMajor, 1, 0, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 // fallback_bf16_f32
-template GemmStatus launch<KernelTag<KernelFamily::kFallback, DType::kBFloat16, DType::kFloat32, Layout::kRowMajor, Layout::kRowMajor, 1, 0, EpilogueKind::kLinComb>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
+template GemmStatus launch<KernelTag<KernelFamily::kFallback, DType::kBFloat16, DType::kFloat32, Layout::kRowMajor, Layout::kRowMajor, 1, 0, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 // fallback_f32_f32
-template GemmStatus launch<KernelTag<KernelFamily::kFallback, DType::kFloat32, DType::kFloat32, Layout::kRowMajor, Layout::kRowMajor, 1, 0, EpilogueKind::kLinComb>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
+template GemmStatus launch<KernelTag<KernelFamily::kFallback, DType::kFloat32, DType::kFloat32, Layout::kRowMajor, Layout::kRowMajor, 1, 0, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 // fallback_f64_f64
-template GemmStatus launch<KernelTag<KernelFamily::kFallback, DType::kFloat64, DType::kFloat64, Layout::kRowMajor, Layout::kRowMajor, 1, 0, EpilogueKind::kLinComb>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
+template GemmStatus launch<KernelTag<KernelFamily::kFallback, DType::kFloat64, DType::kFloat64, Layout::kRowMajor, Layout::kRowMajor, 1, 0, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 }  // namespace kernels
 }  // namespace cutlass_nn

@@ -5,7 +5,7 @@ namespace cutlass_nn {
 namespace kernels {
 
 // sm80_3xtf32_f32_f32_nt_align4
-template GemmStatus launch<KernelTag<KernelFamily::kSm80TensorOp, DType::kFloat32, DType::kFloat32, Layout::kColumnMajor, Layout::kRowMajor, 4, 1, EpilogueKind::kLinComb>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
+template GemmStatus launch<KernelTag<KernelFamily::kSm80TensorOp, DType::kFloat32, DType::kFloat32, Layout::kColumnMajor, Layout::kRowMajor, 4, 1, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 }  // namespace kernels
 }  // namespace cutlass_nn

@@ -5,7 +5,7 @@ namespace cutlass_nn {
 namespace kernels {
 
 // sm80_tensorop_bf16_bf16_nn_align8
-template GemmStatus launch<KernelTag<KernelFamily::kSm80TensorOp, DType::kBFloat16, DType::kBFloat16, Layout::kRowMajor, Layout::kRowMajor, 8, 0, EpilogueKind::kLinComb>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
+template GemmStatus launch<KernelTag<KernelFamily::kSm80TensorOp, DType::kBFloat16, DType::kBFloat16, Layout::kRowMajor, Layout::kRowMajor, 8, 0, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 }  // namespace kernels
 }  // namespace cutlass_nn

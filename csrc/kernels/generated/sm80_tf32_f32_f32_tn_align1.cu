@@ -5,7 +5,7 @@ namespace cutlass_nn {
 namespace kernels {
 
 // sm80_tf32_f32_f32_tn_align1
-template GemmStatus launch<KernelTag<KernelFamily::kSm80TensorOp, DType::kFloat32, DType::kFloat32, Layout::kRowMajor, Layout::kColumnMajor, 1, 0, EpilogueKind::kLinComb>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
+template GemmStatus launch<KernelTag<KernelFamily::kSm80TensorOp, DType::kFloat32, DType::kFloat32, Layout::kRowMajor, Layout::kColumnMajor, 1, 0, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 }  // namespace kernels
 }  // namespace cutlass_nn

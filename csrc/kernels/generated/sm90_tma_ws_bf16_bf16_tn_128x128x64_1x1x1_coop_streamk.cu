@@ -6,7 +6,7 @@ namespace cutlass_nn {
 namespace kernels {
 
 // sm90_tma_ws_bf16_bf16_tn_128x128x64_1x1x1_coop_streamk
-template GemmStatus launch<KernelTag<KernelFamily::kSm90TmaWs, DType::kBFloat16, DType::kBFloat16, Layout::kRowMajor, Layout::kColumnMajor, 8, 2, EpilogueKind::kLinComb>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
+template GemmStatus launch<KernelTag<KernelFamily::kSm90TmaWs, DType::kBFloat16, DType::kBFloat16, Layout::kRowMajor, Layout::kColumnMajor, 8, 2, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 }  // namespace kernels
 }  // namespace cutlass_nn
