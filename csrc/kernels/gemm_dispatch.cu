@@ -98,18 +98,18 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-// The per-shape rule, from the configuration sweep of benchmarks/NOTES.md (H200, bf16; ratios
-// to cuBLAS there). Tile counts are of the output [m, n] in 128x128 tiles.
+// The per-shape rule, from the configuration sweeps and benchmark runs of benchmarks/NOTES.md
+// (H200, bf16; ratios to cuBLAS there). Tile counts are of the output [m, n] in 128x128 tiles.
 //   * few output tiles (a 128x256 grid filling under half the SMs: decode-like small M, or a
 //     small N): config 2, 128x128 tiles with stream-K, which spreads K over every SM
 //     (128x8192x8192 forward: 0.83 vs 0.48 for config 0);
 //   * a short K (<= 256: wgrad over a few tokens): the output write dominates, config 0's
 //     128x256 epilogue is the fastest (0.80-0.83 vs 0.73-0.75 for ping-pong);
-//   * more than 1024 tiles: config 3, 128x128 ping-pong with a 1x2 cluster, whose epilogue
-//     overlaps the other warpgroup's mainloop (1.00-1.10 vs 0.93-1.03 for config 0), with a
-//     scheduler swizzle of 4 from 4096 tiles on (better L2 reuse of the large operands);
-//   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent): 4096^3 and
-//     1024x4096x4096 (0.96-1.01 vs 0.85-0.99 for the others).
+//   * 1025..4095 tiles: config 3, 128x128 ping-pong with a 1x2 cluster, whose epilogue overlaps
+//     the other warpgroup's mainloop (2048x11008x4096 forward 1.00 vs 0.94, wgrad 1.07 vs 0.98);
+//   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent). From 4096 tiles on,
+//     ping-pong wins under sustained load (the sweep, +2-4%) but loses at full clocks (the
+//     benchmark: 8192^3 forward 0.87 vs 0.96), so the 128x256 tile stays the default there.
 // Config 1 (config 0 with stream-K) won no measured shape and is left to the sweep.
 Sm90Choice choose_sm90_config(const GemmParams& p) {
   const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
@@ -120,10 +120,7 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
   }
   if (p.k <= 256) return c;
   const int64_t tiles = ceil_div(p.m, 128) * ceil_div(p.n, 128);
-  if (tiles > 1024) {
-    c.config = 3;
-    c.swizzle = tiles >= 4096 ? 4 : 1;
-  }
+  if (tiles > 1024 && tiles < 4096) c.config = 3;
   return c;
 }
 
