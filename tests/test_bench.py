@@ -359,13 +359,12 @@ GEMM_CASE_PARAMS = [
 ]
 
 
-@pytest.mark.parametrize("op,prec", GEMM_CASE_PARAMS, ids=[f"{o}-{p}" for o, p in GEMM_CASE_PARAMS])
-def test_gemm_case_on_cpu(op, prec):
-    # odd sizes, and an L2 small enough for 1 set and large enough for several
+def _exercise_case(build, op, prec):
+    """Builds a 37x29x23 case on the CPU with an L2 small enough for 1 input set and with one
+    large enough for several; checks it and runs ours and the baseline on every set. Returns
+    the last case and its check."""
     for l2, sets in ((1, 1), (40_000, None)):
-        case = bench.build_gemm_case(
-            op, 37, 29, 23, bench.PRECISIONS[prec], l2_bytes=l2, device="cpu"
-        )
+        case = build(op, 37, 29, 23, bench.PRECISIONS[prec], l2_bytes=l2, device="cpu")
         assert case.n_sets >= 1 and (sets is None or case.n_sets == sets)
         with case.context():
             check = case.check()
@@ -373,6 +372,12 @@ def test_gemm_case_on_cpu(op, prec):
             for i in range(case.n_sets):
                 case.fns["ours"](i)
                 case.fns["base"](i)
+    return case, check
+
+
+@pytest.mark.parametrize("op,prec", GEMM_CASE_PARAMS, ids=[f"{o}-{p}" for o, p in GEMM_CASE_PARAMS])
+def test_gemm_case_on_cpu(op, prec):
+    case, check = _exercise_case(bench.build_gemm_case, op, prec)
     expected = {"fwdbwd": {"y", "dx", "dw", "db"}}.get(op, {"out"})
     assert set(check["outputs"]) == expected
 
@@ -431,17 +436,7 @@ def fake_act(monkeypatch):
 @pytest.mark.parametrize("prec", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("op", bench.LINACT_OPS)
 def test_linact_case_on_cpu(fake_act, op, prec):
-    for l2, sets in ((1, 1), (40_000, None)):
-        case = bench.build_linact_case(
-            op, 37, 29, 23, bench.PRECISIONS[prec], l2_bytes=l2, device="cpu"
-        )
-        assert case.n_sets >= 1 and (sets is None or case.n_sets == sets)
-        with case.context():
-            check = case.check()
-            assert check["ok"], check["summary"]
-            for i in range(case.n_sets):
-                case.fns["ours"](i)
-                case.fns["base"](i)
+    case, check = _exercise_case(bench.build_linact_case, op, prec)
     assert set(check["outputs"]) == {"y", "dx", "dw", "db"}
     assert case.n_sets > 1  # the second L2 size rotates several input sets
 

@@ -50,8 +50,8 @@ def _config_names() -> list[str]:
 
 
 @contextlib.contextmanager
-def _forced(config: int, swizzle: int = 0):
-    previous = torch.ops.cutlass_nn._set_gemm_config(config, swizzle)
+def _forced(config: int, swizzle: int = 0, splits: int = 0):
+    previous = torch.ops.cutlass_nn._set_gemm_config(config, swizzle, splits)
     try:
         yield
     finally:
@@ -231,7 +231,7 @@ def test_stream_k_split_factors(op, splits, gen):
     _needs_sm90()
     m, n, k = 48, 1024, 2056
     args = gemm_args(op, m, n, k, torch.bfloat16, "contig", gen)
-    with _forced(2, 0) if splits == 0 else _forced_splits(2, splits):
+    with _forced(2, 0, splits):
         ours = run_ours(op, args)
         first = ours.clone()
         again = run_ours(op, args)
@@ -239,11 +239,3 @@ def test_stream_k_split_factors(op, splits, gen):
     check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16,
                 f"{op} splits={splits}")
 
-
-@contextlib.contextmanager
-def _forced_splits(config: int, splits: int):
-    previous = torch.ops.cutlass_nn._set_gemm_config(config, 0, splits)
-    try:
-        yield
-    finally:
-        torch.ops.cutlass_nn._set_gemm_config(*previous)
