@@ -32,6 +32,7 @@ LAYOUTS = {
     "tn": ("kRowMajor", "kColumnMajor"),  # nn.Linear forward: y = x W^T
     "nn": ("kRowMajor", "kRowMajor"),  # dgrad: dX = dY W
     "nt": ("kColumnMajor", "kRowMajor"),  # wgrad: dW = dY^T X
+    "tt": ("kColumnMajor", "kColumnMajor"),  # the transposed small-M dgrad: dX^T = W^T dY^T
 }
 FAMILY_HEADER = {
     "kSm90TmaWs": "gemm_sm90.cuh",
@@ -46,12 +47,19 @@ SM90_CONFIG_NAMES = {
     1: "128x256x64_2x1x1_coop_streamk",
     2: "128x128x64_1x1x1_coop_streamk",
     3: "128x128x64_1x2x1_pingpong",
-    4: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only
+    4: "64x16x128_1x1x1_pingpong_swapab",  # the transposed problem of a small M (<= 16 rows)
+    5: "64x128x64_2x1x1_pingpong_swapab",  # the same for 17..128 rows
+    6: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only
 }
-# The configurations of the 16-bit kernels (the sweep's and the rule's choices).
+# The configurations of the 16-bit kernels (the sweep's and the rule's choices): row-major D...
 SM90_16BIT_CONFIGS = (0, 1, 2, 3)
+# ... and those of the transposed small-M problem (column-major D^T; forward and dgrad turn
+# into the "tn" and "tt" layouts; output dtype = input dtype only).
+SM90_SWAPPED_CONFIGS = (4, 5)
+SM90_SWAPPED_LAYOUTS = ("tn", "tt")
+SM90_TF32_CONFIG = 6
 # Epilogue kinds (EpilogueKind in gemm_registry.h) and their name suffixes.
-EPILOGUES = {"kLinComb": "", "kAct": "", "kActAux": "_aux"}
+EPILOGUES = {"kLinComb": "", "kAct": "", "kActAux": "_aux", "kLinCombColMajorD": ""}
 # The SM90 configuration of the fused bias + activation forward kernels: ping-pong, whose
 # epilogue (the activation math, the extra pre-activation store) overlaps the other warpgroup's
 # mainloop.
@@ -117,7 +125,12 @@ def kernel_list() -> list[Kernel]:
             ks.append(Kernel("kSm90TmaWs", ab, "kFloat32", "nt", 8, config))
     # float32 on TF32 tensor cores: K-major operands (tn) only; the binding gives it TF32
     # matmuls and the operands it splits for 3xTF32.
-    ks.append(Kernel("kSm90TmaWs", "kFloat32", "kFloat32", "tn", 4, 4))
+    ks.append(Kernel("kSm90TmaWs", "kFloat32", "kFloat32", "tn", 4, SM90_TF32_CONFIG))
+    # The transposed small-M problem (the dispatcher swaps A and B; D^T is column-major).
+    for config in SM90_SWAPPED_CONFIGS:
+        for ab in sixteen:
+            for lay in SM90_SWAPPED_LAYOUTS:
+                ks.append(Kernel("kSm90TmaWs", ab, ab, lay, 8, config, "kLinCombColMajorD"))
     # Fused bias + activation (with / without the pre-activation output): forward (tn) only.
     for ab in sixteen:
         for act in ACTIVATIONS:

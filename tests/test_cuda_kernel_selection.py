@@ -58,10 +58,21 @@ def _forced(config: int, swizzle: int = 0, splits: int = 0):
         torch.ops.cutlass_nn._set_gemm_config(*previous)
 
 
+# The configurations that run the transposed problem D^T = B^T A^T (small M).
+SWAPPED_CONFIGS = (4, 5)
+
+
+def _transposable(op: str) -> bool:
+    """Whether the op's GEMM can run transposed: its A is row-major (the forward, dgrad and mm;
+    wgrad reads dY^T, column-major)."""
+    return op != "linear_wgrad"
+
+
 def test_config_names_listed():
     names = _config_names()
-    assert len(names) == 4 and len(set(names)) == 4, names
+    assert len(names) == 6 and len(set(names)) == 6, names
     assert names[0] == "128x256x64_2x1x1_coop"
+    assert all(("swapab" in names[c]) == (c in SWAPPED_CONFIGS) for c in range(6)), names
 
 
 def test_set_gemm_config_rejects_bad_values():
@@ -82,7 +93,7 @@ CONFIG_SHAPES = {"aligned": (512, 768, 1024), "small_m": (16, 1024, 2048), "edge
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("shape", CONFIG_SHAPES.values(), ids=CONFIG_SHAPES.keys())
 @pytest.mark.parametrize("op", GEMM_OPS)
-@pytest.mark.parametrize("config", range(4))
+@pytest.mark.parametrize("config", range(6))
 def test_each_sm90_config(config, op, shape, dtype, gen):
     _needs_sm90()
     m, n, k = shape
@@ -92,7 +103,11 @@ def test_each_sm90_config(config, op, shape, dtype, gen):
         ours = run_ours(op, args)
         name = ops.last_kernel_name()
     context = f"{op} {shape} config={config} {dtype}"
-    assert _config_names()[config] in name, f"{context}: ran {name}"
+    if config in SWAPPED_CONFIGS and not _transposable(op):
+        # Forced onto a GEMM that cannot run transposed: the row-major rule's kernel instead.
+        assert name.startswith("sm90") and "swapab" not in name, f"{context}: ran {name}"
+    else:
+        assert _config_names()[config] in name, f"{context}: ran {name}"
     assert ours.shape == gemm_out_shape(op, m, n, k)
     check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)
     assert_unchanged(args, before, context)
@@ -126,13 +141,85 @@ def test_scheduler_swizzle(swizzle, gen):
                 f"swizzle {swizzle}")
 
 
-def test_rule_gives_small_m_a_stream_k_kernel(gen):
-    """A decode-like problem (16 rows) must not run the 128x256 persistent kernel, whose 32 tiles
-    would leave three quarters of the SMs idle."""
+def test_rule_gives_small_m_narrow_n_a_stream_k_kernel(gen):
+    """A decode-like problem (16 rows) with too few weight rows for a 64-row tile per SM must
+    not run the 128x256 persistent kernel, whose few tiles would leave most SMs idle."""
     _needs_sm90()
-    args = gemm_args("linear_nobias", 16, 4096, 4096, torch.bfloat16, "contig", gen)
+    args = gemm_args("linear_nobias", 16, 2048, 4096, torch.bfloat16, "contig", gen)
     run_ours("linear_nobias", args)
     assert "streamk" in ops.last_kernel_name(), ops.last_kernel_name()
+
+
+# Small-M problems (GEMM M x N x K) that the rule runs transposed, D^T = B^T A^T: 1, 16, 17 and
+# 128 rows; N a multiple of the 64-row weight tile and not; K with a partial k-block; an odd K
+# large enough for the padded path (then transposed).
+SMALL_M_SHAPES = {
+    "m1": (1, 8192, 520),
+    "m16": (16, 8264, 1000),
+    "m17": (17, 8192, 264),
+    "m128": (128, 8264, 2056),
+    "m16_odd_k": (16, 8192, 4093),
+}
+
+
+def _op_shape(op: str, m: int, n: int, k: int) -> tuple[int, int, int]:
+    """gemm_args' (m, n, k) that give ``op`` the GEMM M x N x K (dgrad's GEMM N is its k)."""
+    return (m, k, n) if op == "linear_dgrad" else (m, n, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("shape", SMALL_M_SHAPES.values(), ids=SMALL_M_SHAPES.keys())
+@pytest.mark.parametrize("op", ["linear", "linear_nobias", "linear_dgrad", "mm"])
+def test_rule_runs_small_m_transposed(op, shape, dtype, gen):
+    _needs_sm90()
+    m, n, k = shape
+    args = gemm_args(op, *_op_shape(op, m, n, k), dtype, "contig", gen)
+    before = clone_all(args)
+    ours = run_ours(op, args)
+    name = ops.last_kernel_name()
+    context = f"{op} {shape} {dtype}"
+    expected = _config_names()[4 if m <= 16 else 5]
+    assert expected in name, f"{context}: ran {name}"
+    assert ours.shape == gemm_out_shape(op, *_op_shape(op, m, n, k)) and ours.is_contiguous()
+    check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)
+    assert_unchanged(args, before, context)
+
+
+@pytest.mark.parametrize("layout", ["offset", "colslice", "transposed"])
+@pytest.mark.parametrize("op", ["linear", "linear_dgrad", "mm"])
+def test_small_m_operands_the_transposed_kernels_cannot_read(op, layout, gen):
+    """Unaligned, odd-strided or column-major operands of a small-M problem: whatever kernel
+    takes them (the row-major rule's, padded, or SM80), the result is right."""
+    _needs_sm90()
+    args = gemm_args(op, *_op_shape(op, 16, 8192, 520), torch.bfloat16, layout, gen)
+    before = clone_all(args)
+    ours = run_ours(op, args)
+    context = f"{op} {layout} ran {ops.last_kernel_name()}"
+    check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)
+    assert_unchanged(args, before, context)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("m", [16, 128])
+def test_small_m_fused_activation_runs_transposed_gemm_then_activation(act, m, gen):
+    """No fused kernel at a small M: the transposed GEMM, then the activation pass (the output and
+    the pre-activation as from the fused kernels, rounded once)."""
+    _needs_sm90()
+    F = torch.nn.functional
+    torch_act = {"relu": F.relu, "gelu": F.gelu,
+                 "gelu_tanh": lambda z: F.gelu(z, approximate="tanh")}[act]
+    x = make_matrix(m, 1000, torch.bfloat16, "contig", gen)
+    w = make_matrix(8192, 1000, torch.bfloat16, "contig", gen)
+    b = make_matrix(1, 8192, torch.bfloat16, "contig", gen)[0]
+    out, pre = ops.linear_act_aux(x, w, b, act)
+    assert "swapab" in ops.last_kernel_name(), ops.last_kernel_name()
+    z64 = x.double() @ w.double().t() + b.double()
+    z_torch = torch.nn.functional.linear(x, w, b)
+    check_close(pre, z_torch, z64, FLOOR_16, f"{act} pre-activation")
+    check_close(out, torch_act(z_torch.float()).bfloat16(), torch_act(z64), FLOOR_16,
+                f"{act} output")
+    alone = ops.linear_act(x, w, b, act)
+    assert torch.equal(alone, out)
 
 
 # Misaligned problems large enough (m * n * k >= 2^27) for the padded TMA path.

@@ -16,6 +16,7 @@
 #include "../validation.h"
 #include "activation.h"
 #include "device_info.h"
+#include "launch_check.h"
 
 namespace cutlass_nn {
 namespace cuda {
@@ -28,12 +29,6 @@ kernels::DType kernel_dtype(c10::ScalarType dtype) {
     case c10::kFloat: return kernels::DType::kFloat32;
     default: return kernels::DType::kFloat64;  // the checks admit only the four float dtypes
   }
-}
-
-void check_launch(const char* op, cudaError_t err, const at::Tensor& t) {
-  TORCH_CHECK(err == cudaSuccess, "cutlass_nn.", op, ": kernel launch failed on ",
-              t.device().str(), " for shape ", shape_string(t.sizes()), ": ",
-              cudaGetErrorString(err));
 }
 
 void launch_forward(const char* op, const at::Tensor& z, const at::Tensor& out,

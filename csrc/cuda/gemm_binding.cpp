@@ -86,25 +86,29 @@ Operand as_row_major(const at::Tensor& t) {
           kernels::Layout::kRowMajor};
 }
 
-// Runs one GEMM of the kernel layer with a workspace from the caching allocator, and turns a
-// failure into an error naming the operator, the problem and the kernel.
-void run_one(const char* op, const kernels::GemmParams& p, const at::Tensor& a,
-             const at::Tensor& d, const DeviceInfo& info, cudaStream_t stream) {
-  const size_t workspace_bytes = kernels::gemm_workspace_size(p);
+// Runs one planned GEMM of the kernel layer with a workspace from the caching allocator, and
+// turns a failure into an error naming the operator, the problem and the kernel.
+void run_planned(const char* op, const kernels::GemmPlan& plan, const at::Tensor& a,
+                 const at::Tensor& d, const DeviceInfo& info, cudaStream_t stream) {
   at::Tensor workspace;
-  if (workspace_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, a.options().dtype(at::kByte));
+  if (plan.workspace_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)},
+                          a.options().dtype(at::kByte));
   }
   const char* detail = nullptr;
-  const kernels::GemmStatus status = kernels::run_gemm(
-      p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, workspace_bytes, stream, &detail);
-  const char* kernel = kernels::gemm_kernel_name(p);
-  g_last_kernel = kernel;
+  const kernels::GemmStatus status =
+      kernels::run_gemm_plan(plan, plan.workspace_bytes > 0 ? workspace.data_ptr() : nullptr,
+                             plan.workspace_bytes, stream, &detail);
+  g_last_kernel = plan.name;
   const bool has_detail = detail != nullptr && *detail != '\0';
+  // The problem as the caller posed it (the plan may hold the transposed one).
+  const kernels::GemmParams& p = plan.params;
+  const int64_t m = p.d_column_major ? p.n : p.m, n = p.d_column_major ? p.m : p.n;
   TORCH_CHECK(status == kernels::GemmStatus::kSuccess, "cutlass_nn.", op, ": GEMM failed (",
               kernels::gemm_status_string(status), has_detail ? ": " : "", has_detail ? detail : "",
-              ") for M=", std::to_string(p.m), " N=", std::to_string(p.n), " K=", std::to_string(p.k), ", dtype ", dtype_name(a.scalar_type()),
-              ", output dtype ", dtype_name(d.scalar_type()), ", kernel '", kernel, "', device ",
+              ") for M=", std::to_string(m), " N=", std::to_string(n), " K=",
+              std::to_string(p.k), ", dtype ", dtype_name(a.scalar_type()), ", output dtype ",
+              dtype_name(d.scalar_type()), ", kernel '", plan.name, "', device ",
               a.device().str(), " (compute capability ", std::to_string(info.sm / 10), ".",
               std::to_string(info.sm % 10), ")");
 }
@@ -299,7 +303,7 @@ void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const a
         p.ldc = 0;
         p.c_row_broadcast = false;
       }
-      run_one(op, p, a, d, info, stream);
+      run_planned(op, kernels::plan_gemm(p), a, d, info, stream);
     }
   }
 }
@@ -340,9 +344,10 @@ bool gemm_fused_activation(const char* op, const at::Tensor& a, const at::Tensor
     p.aux = aux->data_ptr();
     p.ldaux = aux->size(0) > 1 ? aux->stride(0) : n;
   }
-  if (*kernels::gemm_kernel_name(p) == '\0') return false;  // no kernel fuses it here
+  const kernels::GemmPlan plan = kernels::plan_gemm(p);
+  if (plan.kernel == nullptr) return false;  // no kernel fuses it here
   set_device_for_tma(op, a);
-  run_one(op, p, a, d, info, c10::cuda::getCurrentCUDAStream(a.get_device()).stream());
+  run_planned(op, plan, a, d, info, c10::cuda::getCurrentCUDAStream(a.get_device()).stream());
   return true;
 }
 

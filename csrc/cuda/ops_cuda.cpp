@@ -19,6 +19,7 @@
 #include "device_info.h"
 #include "elementwise.h"
 #include "gemm_binding.h"
+#include "launch_check.h"
 
 namespace cutlass_nn {
 namespace cuda {
@@ -31,11 +32,6 @@ kernels::DType elementwise_dtype(c10::ScalarType dtype) {
     case c10::kFloat: return kernels::DType::kFloat32;
     default: return kernels::DType::kFloat64;  // the checks admit only the four float dtypes
   }
-}
-
-void check_launch(const char* op, cudaError_t err, const at::Tensor& t) {
-  TORCH_CHECK(err == cudaSuccess, "cutlass_nn.", op, ": kernel launch failed on ", t.device().str(),
-              " for shape ", shape_string(t.sizes()), ": ", cudaGetErrorString(err));
 }
 
 // The outputs are allocated in their final [*, features] shape and the 2-D GEMM writes through a

@@ -14,43 +14,11 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "dtype_pack.cuh"  // AccType, to_acc / from_acc, Pack16
+
 namespace cutlass_nn {
 namespace kernels {
 namespace {
-
-// ---------------------------------------------------------------------------------------------
-// Type helpers
-// ---------------------------------------------------------------------------------------------
-
-// Accumulation / compute type: float for the 16-bit types and float32, double for float64.
-template <typename T> struct AccType { using type = float; };
-template <> struct AccType<double> { using type = double; };
-
-template <typename T> __device__ __forceinline__ typename AccType<T>::type to_acc(T v) {
-  return static_cast<typename AccType<T>::type>(v);
-}
-template <> __device__ __forceinline__ float to_acc<__half>(__half v) { return __half2float(v); }
-template <> __device__ __forceinline__ float to_acc<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-// Round-to-nearest-even conversion from the accumulation type to the storage type.
-template <typename T, typename A> __device__ __forceinline__ T from_acc(A v) {
-  return static_cast<T>(v);
-}
-template <> __device__ __forceinline__ __half from_acc<__half, float>(float v) {
-  return __float2half_rn(v);
-}
-template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16, float>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// N elements of T packed in 16 bytes. The alignas makes the compiler emit one 128-bit
-// LDG/STG per pack (checked in the SASS: LDG.E.128 / STG.E.128).
-template <typename T> struct alignas(16) Pack16 {
-  static constexpr int kN = 16 / sizeof(T);
-  T v[kN];
-};
 
 // Multiprocessor count fallback when the caller passed <= 0.
 int resolve_multiprocessors(int multiprocessors) {

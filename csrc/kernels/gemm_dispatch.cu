@@ -6,7 +6,10 @@
 //   1. kSm90TmaWs     only if sm == 90, arch_path == kAuto, 16-bit A/B, every operand 16-byte
 //                     aligned, and (for a row-broadcast bias) beta == 1; among its tile
 //                     configurations the one choose_sm90_config() names for the problem shape.
-//                     The only family with fused activation epilogues.
+//                     The only family with fused activation epilogues. For a small M the rule
+//                     may name a transposed configuration (4, 5): the problem is then run as
+//                     D^T = B^T A^T with a column-major D^T (plan_gemm), or, where that has no
+//                     kernel, with the rule's row-major choice.
 //   2. kSm80TensorOp  sm >= 80; highest alignment first (f16/bf16: 8 then 2; tf32: 4 then 1, only
 //                     with Fp32Math::kTf32; 3xTF32: 4, only with Fp32Math::kIeee; f64 DMMA: 1).
 //   3. kSm80Simt      fp32 (IEEE, or TF32 requested but nothing tensor-op fits).
@@ -93,25 +96,18 @@ bool valid_dtypes(DType ab, DType cd) {
 
 // The SM90 tile configuration of the fused-activation kernels (SM90_ACT_CONFIG of the generator).
 constexpr int kActConfig = 3;
+// The SM90 configuration of float32 operands (TF32), and those of the transposed small-M problem.
+constexpr int kTf32Config = 6;
+constexpr int kSwappedSmallConfig = 4;  // up to 16 rows
+constexpr int kSwappedConfig = 5;       // 17..128 rows
+bool is_swapped_config(int config) {
+  return config == kSwappedSmallConfig || config == kSwappedConfig;
+}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-}  // namespace
-
-// The per-shape rule, from the configuration sweeps and benchmark runs of benchmarks/NOTES.md
-// (H200, bf16; ratios to cuBLAS there). Tile counts are of the output [m, n] in 128x128 tiles.
-//   * few output tiles (a 128x256 grid filling under half the SMs: decode-like small M, or a
-//     small N): config 2, 128x128 tiles with stream-K, which spreads K over every SM
-//     (128x8192x8192 forward: 0.83 vs 0.48 for config 0);
-//   * a short K (<= 256: wgrad over a few tokens): the output write dominates, config 0's
-//     128x256 epilogue is the fastest (0.80-0.83 vs 0.73-0.75 for ping-pong);
-//   * 1025..4095 tiles: config 3, 128x128 ping-pong with a 1x2 cluster, whose epilogue overlaps
-//     the other warpgroup's mainloop (2048x11008x4096 forward 1.00 vs 0.94, wgrad 1.07 vs 0.98);
-//   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent). From 4096 tiles on,
-//     ping-pong wins under sustained load (the sweep, +2-4%) but loses at full clocks (the
-//     benchmark: 8192^3 forward 0.87 vs 0.96), so the 128x256 tile stays the default there.
-// Config 1 (config 0 with stream-K) won no measured shape and is left to the sweep.
-Sm90Choice choose_sm90_config(const GemmParams& p) {
+// The rule for row-major D (see choose_sm90_config).
+Sm90Choice choose_row_major_config(const GemmParams& p) {
   const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   Sm90Choice c;
   if (ceil_div(p.m, 128) * ceil_div(p.n, 256) * 2 < sms) {
@@ -124,56 +120,118 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
   return c;
 }
 
+}  // namespace
+
+// The per-shape rule, from the configuration sweeps and benchmark runs of benchmarks/NOTES.md
+// (H200, bf16; ratios to cuBLAS there). Tile counts are of the output [m, n] in 128x128 tiles.
+//   * a small M (<= 128 rows: decode, small-batch inference and its dgrad) with N wide enough
+//     for a 64-row tile per SM: config 4 (<= 16 rows) or 5, which run the transposed problem
+//     D^T = B^T A^T: the weight rows become 64-row tiles, so every SM streams its own slab of
+//     the weight once (the time is the weight's read from memory);
+//   * few output tiles otherwise (a 128x256 grid filling under half the SMs: a small M with a
+//     narrow N, or a small N): config 2, 128x128 tiles with stream-K, which spreads K over
+//     every SM (128x8192x8192 forward: 0.83 vs 0.48 for config 0);
+//   * a short K (<= 256: wgrad over a few tokens): the output write dominates, config 0's
+//     128x256 epilogue is the fastest (0.80-0.83 vs 0.73-0.75 for ping-pong);
+//   * 1025..4095 tiles: config 3, 128x128 ping-pong with a 1x2 cluster, whose epilogue overlaps
+//     the other warpgroup's mainloop (2048x11008x4096 forward 1.00 vs 0.94, wgrad 1.07 vs 0.98);
+//   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent). From 4096 tiles on,
+//     ping-pong wins under sustained load (the sweep, +2-4%) but loses at full clocks (the
+//     benchmark: 8192^3 forward 0.87 vs 0.96), so the 128x256 tile stays the default there.
+// Config 1 (config 0 with stream-K) won no measured shape and is left to the sweep.
+Sm90Choice choose_sm90_config(const GemmParams& p) {
+  const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
+  if (p.m <= 128 && ceil_div(p.n, 64) * 2 >= sms) {
+    Sm90Choice c;
+    c.config = p.m <= 16 ? kSwappedSmallConfig : kSwappedConfig;
+    return c;
+  }
+  return choose_row_major_config(p);
+}
+
 namespace {
 
+// Whether the transposed problem D^T = B^T A^T has SM90 kernels: 16-bit operands with the same
+// output dtype, no fused activation, A row-major (forward and dgrad; the transposed layouts are
+// then "tn" and "tt"), and no C other than a bias (no operator accumulates into D with a
+// row-major A, so a column-major C^T would be a path no test reaches).
+bool can_transpose(const GemmParams& p) {
+  return p.sm == 90 && p.arch_path == ArchPath::kAuto && is_16bit(p.dtype_ab) &&
+         p.dtype_cd == p.dtype_ab && !has_fused_epilogue(p) &&
+         p.layout_a == Layout::kRowMajor && !p.d_column_major &&
+         (p.beta == 0.0f || p.c_row_broadcast);
+}
+
+Layout flipped(Layout l) {
+  return l == Layout::kRowMajor ? Layout::kColumnMajor : Layout::kRowMajor;
+}
+
+// D^T = B^T A^T: the same memory read the other way round. B^T is B with its layout flipped,
+// and so is A^T; D^T (and C^T) is column-major with D's leading dimension; the bias of D's
+// columns is a bias of D^T's rows.
+GemmParams transposed(const GemmParams& p) {
+  GemmParams t = p;
+  t.m = p.n;
+  t.n = p.m;
+  t.a = p.b;
+  t.lda = p.ldb;
+  t.layout_a = flipped(p.layout_b);
+  t.b = p.a;
+  t.ldb = p.lda;
+  t.layout_b = flipped(p.layout_a);
+  t.d_column_major = true;
+  return t;
+}
+
 // The rule's choice with the overrides of the params applied (sm90_config / swizzle / splits
-// >= their "unset" values), restricted to the configurations with fused-activation kernels when
-// the epilogue is fused.
+// >= their "unset" values). A fused epilogue gets the configuration with fused kernels, or
+// config -1 (no fused kernel: the caller runs GEMM + activation) where the rule transposes a
+// small-M problem, since the transposed GEMM alone beats the fused 128-row tile there.
 Sm90Choice resolve_sm90(const GemmParams& p) {
-  if (p.dtype_ab == DType::kFloat32) return Sm90Choice{4, 0, 0};  // the one TF32 configuration
+  if (p.dtype_ab == DType::kFloat32) return Sm90Choice{kTf32Config, 0, 0};
   Sm90Choice c = choose_sm90_config(p);
+  if (has_fused_epilogue(p)) {
+    c.config = is_swapped_config(c.config) && p.sm90_config < 0 ? -1 : kActConfig;
+    return c;
+  }
   if (p.sm90_config >= 0) c.config = p.sm90_config;
   if (p.swizzle > 0) c.swizzle = p.swizzle;
   if (p.splits > 0) c.splits = p.splits;
-  if (has_fused_epilogue(p)) c.config = kActConfig;
   return c;
 }
 
-int sm90_config_for(const GemmParams& p) { return resolve_sm90(p).config; }
-
-// normalize() plus the resolved SM90 choice written into the params, so that the launch sees
-// the rule's swizzle / splits.
-GemmParams prepare(const GemmParams& in) {
-  GemmParams p = normalize(in);
-  const Sm90Choice c = resolve_sm90(p);
-  p.sm90_config = c.config;
-  p.swizzle = c.swizzle;
-  p.splits = c.splits;
-  return p;
-}
-
+// The first registry row that fits params whose sm90_config is already resolved.
 const KernelEntry* select_kernel(const GemmParams& p) {
   if (p.sm < 80) return nullptr;
   if (p.m < 1 || p.n < 1 || p.k < 1) return nullptr;
   if (p.a == nullptr || p.b == nullptr || p.d == nullptr) return nullptr;
   if (!valid_dtypes(p.dtype_ab, p.dtype_cd)) return nullptr;
   const bool a_row = p.layout_a == Layout::kRowMajor, b_row = p.layout_b == Layout::kRowMajor;
-  if (!a_row && !b_row) return nullptr;  // the binding makes A row-major first
+  // No kernel reads both operands column-major, except the transposed problem's "tt" kernels.
+  if (!a_row && !b_row && !p.d_column_major) return nullptr;
 
   const size_t es_ab = element_size(p.dtype_ab), es_cd = element_size(p.dtype_cd);
   const int align_a = operand_alignment(p.a, p.lda, a_row ? p.k : p.m, a_row ? p.m : p.k, es_ab);
   const int align_b = operand_alignment(p.b, p.ldb, b_row ? p.n : p.k, b_row ? p.k : p.n, es_ab);
-  const int align_d = operand_alignment(p.d, p.ldd, p.n, p.m, es_cd);
-  int align_c = p.c_row_broadcast ? operand_alignment(p.c, 0, p.n, 1, es_cd)
-                                  : operand_alignment(p.c, p.ldc, p.n, p.m, es_cd);
+  // C and D: contiguous along n (row-major) or m (column-major D of the transposed problem).
+  const int64_t cd_contiguous = p.d_column_major ? p.m : p.n;
+  const int64_t cd_lines = p.d_column_major ? p.n : p.m;
+  const int align_d = operand_alignment(p.d, p.ldd, cd_contiguous, cd_lines, es_cd);
+  int align_c = p.c_row_broadcast ? operand_alignment(p.c, 0, cd_contiguous, 1, es_cd)
+                                  : operand_alignment(p.c, p.ldc, cd_contiguous, cd_lines, es_cd);
   const int align_ab = align_a < align_b ? align_a : align_b;
   int align_cd = align_c < align_d ? align_c : align_d;
   const bool fits_int = p.m <= INT_MAX && p.n <= INT_MAX && p.k <= INT_MAX;
 
   // A fused epilogue: D = act(acc + bias) only (no alpha, no accumulation into C).
   const bool fused = has_fused_epilogue(p);
-  const EpilogueKind want = !fused ? EpilogueKind::kLinComb
-                                   : (p.aux != nullptr ? EpilogueKind::kActAux : EpilogueKind::kAct);
+  EpilogueKind want = EpilogueKind::kLinComb;
+  if (p.d_column_major) {
+    if (fused) return nullptr;
+    want = EpilogueKind::kLinCombColMajorD;
+  } else if (fused) {
+    want = p.aux != nullptr ? EpilogueKind::kActAux : EpilogueKind::kAct;
+  }
   if (fused) {
     if (p.alpha != 1.0f || (p.beta != 0.0f && !p.c_row_broadcast)) return nullptr;
     if (p.aux != nullptr) {
@@ -181,10 +239,6 @@ const KernelEntry* select_kernel(const GemmParams& p) {
       if (align_aux < align_cd) align_cd = align_aux;
     }
   }
-
-  // The SM90 configuration: forced (sweep / tests), else the rule; fused epilogues exist for
-  // some configurations only.
-  const int config = sm90_config_for(p);
 
   for (const KernelEntry& e : kKernels) {
     if (e.dtype_ab != p.dtype_ab || e.dtype_cd != p.dtype_cd) continue;
@@ -201,7 +255,7 @@ const KernelEntry* select_kernel(const GemmParams& p) {
         if (p.sm != 90 || p.arch_path != ArchPath::kAuto) continue;
         if (p.dtype_ab == DType::kFloat32 && p.fp32_math != Fp32Math::kTf32) continue;
         if (p.c_row_broadcast && p.beta != 1.0f) continue;  // the fused bias is not scaled
-        if (e.config != config) continue;
+        if (e.config != p.sm90_config) continue;
         break;
       case KernelFamily::kSm80TensorOp:
         if (p.dtype_ab == DType::kFloat32) {
@@ -221,7 +275,39 @@ const KernelEntry* select_kernel(const GemmParams& p) {
   return nullptr;
 }
 
+GemmPlan finish_plan(const GemmParams& p, const KernelEntry* e) {
+  GemmPlan plan;
+  plan.params = p;
+  plan.kernel = e;
+  if (e == nullptr) return plan;
+  plan.name = e->name;
+  size_t bytes = 0;
+  if (e->fn(p, nullptr, 0, nullptr, nullptr, &bytes) == GemmStatus::kSuccess) {
+    plan.workspace_bytes = bytes;
+  }
+  return plan;
+}
+
 }  // namespace
+
+GemmPlan plan_gemm(const GemmParams& params) {
+  GemmParams p = normalize(params);
+  p.d_column_major = false;  // the dispatcher's own flag
+  const Sm90Choice c = resolve_sm90(p);
+  if (c.config < 0) return finish_plan(p, nullptr);  // a fused epilogue with no kernel here
+  p.sm90_config = c.config;
+  p.swizzle = c.swizzle;
+  p.splits = c.splits;
+  if (is_swapped_config(c.config)) {
+    if (can_transpose(p)) {
+      const GemmParams t = transposed(p);
+      if (const KernelEntry* e = select_kernel(t)) return finish_plan(t, e);
+    }
+    // Not transposable (or no kernel takes the transposed operands): the row-major rule.
+    p.sm90_config = choose_row_major_config(p).config;
+  }
+  return finish_plan(p, select_kernel(p));
+}
 
 const char* gemm_status_string(GemmStatus status) {
   switch (status) {
@@ -249,43 +335,41 @@ const char* sm90_config_name(int config) {
     case 1: return "128x256x64_2x1x1_coop_streamk";
     case 2: return "128x128x64_1x1x1_coop_streamk";
     case 3: return "128x128x64_1x2x1_pingpong";
-    case 4: return "128x256x32_2x1x1_coop";
+    case 4: return "64x16x128_1x1x1_pingpong_swapab";
+    case 5: return "64x128x64_2x1x1_pingpong_swapab";
+    case 6: return "128x256x32_2x1x1_coop";
   }
   return nullptr;
 }
 
-const char* gemm_kernel_name(const GemmParams& params) {
-  const KernelEntry* e = select_kernel(prepare(params));
-  return e != nullptr ? e->name : "";
-}
-
-size_t gemm_workspace_size(const GemmParams& params) {
-  const GemmParams p = prepare(params);
-  const KernelEntry* e = select_kernel(p);
-  if (e == nullptr) return 0;
-  size_t bytes = 0;
-  if (e->fn(p, nullptr, 0, nullptr, nullptr, &bytes) != GemmStatus::kSuccess) return 0;
-  return bytes;
-}
-
-GemmStatus run_gemm(const GemmParams& params, void* workspace, size_t workspace_bytes,
-                    cudaStream_t stream, const char** detail) {
+GemmStatus run_gemm_plan(const GemmPlan& plan, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream, const char** detail) {
   if (detail != nullptr) *detail = "";
-  const GemmParams p = prepare(params);
-  const KernelEntry* e = select_kernel(p);
+  const auto* e = static_cast<const KernelEntry*>(plan.kernel);
   if (e == nullptr) {
     if (detail != nullptr) {
       *detail =
-          has_fused_epilogue(params)
+          has_fused_epilogue(plan.params)
               ? "no compiled kernel fuses this epilogue (fused activations need an SM90 GPU, "
-                "16-bit dtypes and 16-byte aligned operands)"
+                "16-bit dtypes, 16-byte aligned operands, and more than 128 rows or a narrow N)"
               : "no compiled GEMM kernel for this combination (needs sm >= 80; dtype_cd must "
                 "equal dtype_ab or be float32 for 16-bit A/B; A and B may not both be "
                 "column-major)";
     }
     return GemmStatus::kUnsupported;
   }
-  return e->fn(p, workspace, workspace_bytes, stream, detail, nullptr);
+  return e->fn(plan.params, workspace, workspace_bytes, stream, detail, nullptr);
+}
+
+const char* gemm_kernel_name(const GemmParams& params) { return plan_gemm(params).name; }
+
+size_t gemm_workspace_size(const GemmParams& params) {
+  return plan_gemm(params).workspace_bytes;
+}
+
+GemmStatus run_gemm(const GemmParams& params, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream, const char** detail) {
+  return run_gemm_plan(plan_gemm(params), workspace, workspace_bytes, stream, detail);
 }
 
 }  // namespace kernels

@@ -82,6 +82,11 @@ struct GemmParams {
   // K decomposition of the stream-K configurations: 0 = the rule's choice, 1 = data-parallel
   // (no split), s > 1 = split-K into s slices (reduced deterministically in the workspace).
   int splits = 0;
+
+  // Set by the dispatcher only (callers leave it false): the params describe the transposed
+  // problem D^T = B^T A^T of a small-M GEMM, so C and D are ColumnMajor (element (i, j) at
+  // d[i + j * ldd]) and a broadcast bias (c_row_broadcast) holds one value per row i.
+  bool d_column_major = false;
 };
 
 // True when params ask for a fused epilogue (an activation or an aux output).
@@ -101,9 +106,10 @@ enum class GemmStatus : int {
 
 const char* gemm_status_string(GemmStatus status);
 
-// Number of SM90 tile configurations, and the name of one (nullptr past the end); index =
-// GemmParams::sm90_config.
-constexpr int kSm90ConfigCount = 4;  // of the 16-bit kernels; config 4 is float32 (TF32) only
+// Number of SM90 tile configurations of the 16-bit kernels, and the name of one (nullptr past
+// the end); index = GemmParams::sm90_config. Configs 4 and 5 run the transposed problem (small
+// M); config 6 is float32 (TF32) only and not counted.
+constexpr int kSm90ConfigCount = 6;
 const char* sm90_config_name(int config);
 
 // What the per-shape rule picks for these params (ignores the overrides in them).
@@ -114,15 +120,25 @@ struct Sm90Choice {
 };
 Sm90Choice choose_sm90_config(const GemmParams& params);
 
-// Human-readable name of the kernel that run_gemm() would pick for these params ("" if none).
-// Used in error messages and by tests that check the dispatch.
+// One GEMM with its kernel chosen: select once (plan_gemm), then size the workspace and run it
+// without selecting again.
+struct GemmPlan {
+  GemmParams params;             // as the kernel runs it (normalized; maybe the transposed problem)
+  const void* kernel = nullptr;  // the registry row (opaque); nullptr: no kernel fits
+  const char* name = "";         // the kernel's name ("" if none)
+  size_t workspace_bytes = 0;    // device workspace the kernel needs
+};
+GemmPlan plan_gemm(const GemmParams& params);
+
+// Runs a plan on `stream`. `workspace` must hold plan.workspace_bytes bytes. On failure,
+// *detail (if not null) receives a static string naming the failing step.
+GemmStatus run_gemm_plan(const GemmPlan& plan, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream, const char** detail);
+
+// Conveniences over plan_gemm (each selects anew): the kernel's name ("" if none; error
+// messages, tests that check the dispatch), its workspace size, and plan + run in one call.
 const char* gemm_kernel_name(const GemmParams& params);
-
-// Bytes of device workspace run_gemm() needs for these params (0 if none).
 size_t gemm_workspace_size(const GemmParams& params);
-
-// Runs the GEMM on `stream`. `workspace` must hold gemm_workspace_size(params) bytes.
-// On failure, *detail (if not null) receives a static string naming the failing step.
 GemmStatus run_gemm(const GemmParams& params, void* workspace, size_t workspace_bytes,
                     cudaStream_t stream, const char** detail);
 

@@ -24,6 +24,9 @@ enum class EpilogueKind : int {
   kLinComb = 0,  // D = alpha * acc + beta * C (+ bias[n])
   kAct = 1,      // D = act(acc + bias[n]), act = the tag's Activation
   kActAux = 2,   // the same, plus aux = acc + bias[n] (the pre-activation)
+  // D = alpha * acc + beta * C (+ bias[m]) with C and D column-major: the transposed problem
+  // D^T = B^T A^T that the dispatcher runs for a small M (GemmParams::d_column_major).
+  kLinCombColMajorD = 3,
 };
 
 // Compile-time identity of one kernel. Align is the A/B access width in elements; Config selects

@@ -3,8 +3,11 @@
 //   D = alpha * (A @ B) + beta * C + bias[n]        (EpilogueKind::kLinComb)
 //   D = act(A @ B + bias[n])                        (kAct, act fixed per kernel)
 //   aux = A @ B + bias[n], D = act(aux)             (kActAux: the pre-activation for backward)
+//   D = alpha * (A @ B) + beta * C + bias[m]        (kLinCombColMajorD: C, D column-major; the
+//                                                    dispatcher's transposed small-M problem)
 //
-// A/B are 16-bit (f16 / bf16), accumulation is fp32, C/D are RowMajor with the A/B dtype or fp32.
+// A/B are 16-bit (f16 / bf16), accumulation is fp32, C/D are RowMajor (but see kLinCombColMajorD)
+// with the A/B dtype or fp32.
 // "PerColBias" in CUTLASS is a Sm90RowBroadcast with stride (_0, _1): one value per column n,
 // i.e. exactly nn.Linear's bias. A null bias pointer reads as 0 (EnableNullptr), so the same kernel
 // serves plain GEMMs. With beta == 0 the epilogue skips the C load entirely.
@@ -12,6 +15,8 @@
 // The dispatcher (gemm_dispatch.cu) only routes here when every operand is 16-byte aligned
 // (TMA requirement) and, for the row-broadcast bias, when beta == 1 (the bias is not scaled).
 #pragma once
+
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -78,11 +83,37 @@ struct Sm90TileConfig<3> {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
-// 4: float32 operands on TF32 tensor cores (K-major A and B, i.e. the "tn" layout only): 32-deep
+// 4 and 5: the transposed problem of a small M (decode-like: 1..128 rows), D^T = B^T A^T, with
+// D^T column-major (GemmParams::d_column_major). The weight becomes the M side, so its rows are
+// cut into 64-row tiles: 128 CTAs for N = 8192, each streaming a disjoint 64-row slab of the
+// weight through the whole K loop, while the few token rows (the N side) are re-read from L2.
+// Ping-pong, since the 64-row tile is one warpgroup's WGMMA height.
+// 4: for up to 16 rows: a 16-wide N tile (WGMMA n16), 128-deep k-blocks (~20 KiB per stage).
+template <>
+struct Sm90TileConfig<4> {
+  using TileShape = cute::Shape<cute::_64, cute::_16, cute::_128>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+
+// 5: for 17..128 rows: a 128-wide N tile; the 2-CTA cluster along M multicasts the token tile
+// (B) to both CTAs, halving its L2 reads.
+template <>
+struct Sm90TileConfig<5> {
+  using TileShape = cute::Shape<cute::_64, cute::_128, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+
+// 6: float32 operands on TF32 tensor cores (K-major A and B, i.e. the "tn" layout only): 32-deep
 // k-blocks keep 4 pipeline stages of 128x256 tiles in shared memory. Used for TF32 matmuls and,
 // on operands split into TF32 parts by the binding, for the 3xTF32 "highest" path.
 template <>
-struct Sm90TileConfig<4> {
+struct Sm90TileConfig<6> {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_32>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -114,7 +145,12 @@ struct ActivationOf {
   };
 };
 
-// The epilogue fusion of each Epilogue kind (see gemm_registry.h).
+// The epilogue fusion of each Epilogue kind (see gemm_registry.h), and the storage order of its
+// C and D.
+template <EpilogueKind E>
+using Sm90LayoutCD = std::conditional_t<E == EpilogueKind::kLinCombColMajorD,
+                                        cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+
 template <EpilogueKind E, class ElementCD, Activation A>
 struct Sm90Fusion;
 
@@ -122,6 +158,14 @@ template <class ElementCD, Activation A>
 struct Sm90Fusion<EpilogueKind::kLinComb, ElementCD, A> {
   // D = alpha * acc + beta * C + bias[n]; bias has the output dtype.
   using Op = cutlass::epilogue::fusion::LinCombPerColBias<ElementCD, float, ElementCD, ElementCD,
+                                                          float>;
+};
+
+template <class ElementCD, Activation A>
+struct Sm90Fusion<EpilogueKind::kLinCombColMajorD, ElementCD, A> {
+  // The transposed problem: D^T = alpha * acc + beta * C^T + bias[m'] (the bias of the original
+  // problem's columns is one value per row now: Sm90ColBroadcast, also null-safe).
+  using Op = cutlass::epilogue::fusion::LinCombPerRowBias<ElementCD, float, ElementCD, ElementCD,
                                                           float>;
 };
 
@@ -152,12 +196,14 @@ struct Sm90Gemm {
   static constexpr int kAlignmentCD = 128 / cutlass::sizeof_bits<ElementCD>::value;
 
   using FusionOp = typename Sm90Fusion<Epi, ElementCD, Act>::Op;
+  using LayoutCD = Sm90LayoutCD<Epi>;
+  static constexpr bool kColumnMajorD = Epi == EpilogueKind::kLinCombColMajorD;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementCompute,
-      ElementCD, cutlass::layout::RowMajor, kAlignmentCD,  // C
-      ElementCD, cutlass::layout::RowMajor, kAlignmentCD,  // D
+      ElementCD, LayoutCD, kAlignmentCD,  // C
+      ElementCD, LayoutCD, kAlignmentCD,  // D
       typename Cfg::EpilogueSchedule, FusionOp>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -193,8 +239,15 @@ struct Sm90Gemm {
     } else {
       stride_b = cute::make_stride(_1{}, p.ldb, int64_t(0));  // element (k, n) at k * ldb + n
     }
-    StrideC stride_c = cute::make_stride(p.ldc, _1{}, int64_t(0));
-    StrideD stride_d = cute::make_stride(p.ldd, _1{}, int64_t(0));
+    StrideC stride_c;
+    StrideD stride_d;
+    if constexpr (kColumnMajorD) {
+      stride_c = cute::make_stride(_1{}, p.ldc, int64_t(0));  // (m, n): m contiguous
+      stride_d = cute::make_stride(_1{}, p.ldd, int64_t(0));
+    } else {
+      stride_c = cute::make_stride(p.ldc, _1{}, int64_t(0));  // (m, n): n contiguous
+      stride_d = cute::make_stride(p.ldd, _1{}, int64_t(0));
+    }
 
     cutlass::KernelHardwareInfo hw_info;
     int device = 0;
@@ -233,7 +286,11 @@ struct Sm90Gemm {
       // a TMA descriptor is built for it.
       fusion.beta = 0.0f;
       fusion.bias_ptr = static_cast<const ElementCD*>(p.c);
-      fusion.dBias = cute::make_stride(cute::_0{}, cute::_1{}, int64_t(0));
+      if constexpr (kColumnMajorD) {
+        fusion.dBias = cute::make_stride(cute::_1{}, cute::_0{}, int64_t(0));  // bias[m]
+      } else {
+        fusion.dBias = cute::make_stride(cute::_0{}, cute::_1{}, int64_t(0));  // bias[n]
+      }
       args.epilogue.ptr_C = static_cast<const ElementCD*>(p.d);
       args.epilogue.dC = stride_d;
     } else {
@@ -254,9 +311,11 @@ struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Con
   using Op = Sm90Gemm<detail::element_t<AB>, detail::element_t<CD>, detail::layout_t<LA>,
                       detail::layout_t<LB>, Sm90TileConfig<Config>, Epi, Act>;
   static_assert(Align == Op::kAlignmentAB, "SM90 kernels use 16-byte alignment");
-  static_assert(AB != DType::kFloat32 || (Config == 4 && LA == Layout::kRowMajor &&
+  static_assert(AB != DType::kFloat32 || (Config == 6 && LA == Layout::kRowMajor &&
                                           LB == Layout::kColumnMajor),
-                "float32 (TF32) SM90 kernels: config 4, K-major A and B (tn) only");
+                "float32 (TF32) SM90 kernels: config 6, K-major A and B (tn) only");
+  static_assert((Epi == EpilogueKind::kLinCombColMajorD) == (Config == 4 || Config == 5),
+                "configs 4 and 5 (and only they) run the transposed small-M problem");
 
   static GemmStatus launch(const GemmParams& p, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, const char** detail, size_t* workspace_query) {
