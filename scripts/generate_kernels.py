@@ -47,17 +47,20 @@ SM90_CONFIG_NAMES = {
     1: "128x256x64_2x1x1_coop_streamk",
     2: "128x128x64_1x1x1_coop_streamk",
     3: "128x128x64_1x2x1_pingpong",
-    4: "64x16x128_1x1x1_pingpong_swapab",  # the transposed problem of a small M (<= 16 rows)
-    5: "64x128x64_2x1x1_pingpong_swapab",  # the same for 17..128 rows
-    6: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only
+    # 4-7: the transposed problem of a small M, 16 / 32 / 64 / 128 token rows per tile
+    4: "64x16x128_1x1x1_pingpong_swapab",
+    5: "64x32x128_1x1x1_pingpong_swapab",
+    6: "64x64x128_1x1x1_pingpong_swapab",
+    7: "64x128x64_1x1x1_pingpong_swapab",
+    8: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only
 }
 # The configurations of the 16-bit kernels (the sweep's and the rule's choices): row-major D...
 SM90_16BIT_CONFIGS = (0, 1, 2, 3)
 # ... and those of the transposed small-M problem (column-major D^T; forward and dgrad turn
 # into the "tn" and "tt" layouts; output dtype = input dtype only).
-SM90_SWAPPED_CONFIGS = (4, 5)
+SM90_SWAPPED_CONFIGS = (4, 5, 6, 7)
 SM90_SWAPPED_LAYOUTS = ("tn", "tt")
-SM90_TF32_CONFIG = 6
+SM90_TF32_CONFIG = 8
 # Epilogue kinds (EpilogueKind in gemm_registry.h) and their name suffixes.
 EPILOGUES = {"kLinComb": "", "kAct": "", "kActAux": "_aux", "kLinCombColMajorD": ""}
 # The SM90 configuration of the fused bias + activation forward kernels: ping-pong, whose

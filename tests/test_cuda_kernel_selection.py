@@ -59,7 +59,8 @@ def _forced(config: int, swizzle: int = 0, splits: int = 0):
 
 
 # The configurations that run the transposed problem D^T = B^T A^T (small M).
-SWAPPED_CONFIGS = (4, 5)
+SWAPPED_CONFIGS = (4, 5, 6, 7)
+N_CONFIGS = 8
 
 
 def _transposable(op: str) -> bool:
@@ -70,9 +71,9 @@ def _transposable(op: str) -> bool:
 
 def test_config_names_listed():
     names = _config_names()
-    assert len(names) == 6 and len(set(names)) == 6, names
+    assert len(names) == N_CONFIGS and len(set(names)) == N_CONFIGS, names
     assert names[0] == "128x256x64_2x1x1_coop"
-    assert all(("swapab" in names[c]) == (c in SWAPPED_CONFIGS) for c in range(6)), names
+    assert all(("swapab" in names[c]) == (c in SWAPPED_CONFIGS) for c in range(N_CONFIGS)), names
 
 
 def test_set_gemm_config_rejects_bad_values():
@@ -93,7 +94,7 @@ CONFIG_SHAPES = {"aligned": (512, 768, 1024), "small_m": (16, 1024, 2048), "edge
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("shape", CONFIG_SHAPES.values(), ids=CONFIG_SHAPES.keys())
 @pytest.mark.parametrize("op", GEMM_OPS)
-@pytest.mark.parametrize("config", range(6))
+@pytest.mark.parametrize("config", range(N_CONFIGS))
 def test_each_sm90_config(config, op, shape, dtype, gen):
     _needs_sm90()
     m, n, k = shape
@@ -145,21 +146,37 @@ def test_rule_gives_small_m_narrow_n_a_stream_k_kernel(gen):
     """A decode-like problem (16 rows) with too few weight rows for a 64-row tile per SM must
     not run the 128x256 persistent kernel, whose few tiles would leave most SMs idle."""
     _needs_sm90()
-    args = gemm_args("linear_nobias", 16, 2048, 4096, torch.bfloat16, "contig", gen)
+    args = gemm_args("linear_nobias", 16, 512, 4096, torch.bfloat16, "contig", gen)
     run_ours("linear_nobias", args)
     assert "streamk" in ops.last_kernel_name(), ops.last_kernel_name()
 
 
-# Small-M problems (GEMM M x N x K) that the rule runs transposed, D^T = B^T A^T: 1, 16, 17 and
-# 128 rows; N a multiple of the 64-row weight tile and not; K with a partial k-block; an odd K
+# Small-M problems (GEMM M x N x K) that the rule runs transposed, D^T = B^T A^T: 1 to 128 rows
+# (partial token tiles: 17, 100); N a multiple of the 64-row weight tile and not, wide and narrow
+# (the token tile narrowed until the tiles cover the SMs); K with a partial k-block; an odd K
 # large enough for the padded path (then transposed).
 SMALL_M_SHAPES = {
     "m1": (1, 8192, 520),
     "m16": (16, 8264, 1000),
     "m17": (17, 8192, 264),
+    "m64_n4096": (64, 4096, 520),
+    "m100_n2048": (100, 2048, 1000),
     "m128": (128, 8264, 2056),
+    "m128_n4096": (128, 4096, 1000),
     "m16_odd_k": (16, 8192, 4093),
 }
+
+
+def _expected_swapped_config(m: int, n: int) -> int:
+    """The documented rule (gemm_dispatch.cu, choose_sm90_config) for M <= 128, N >= 1024: the
+    narrowest token tile of 16 / 32 / 64 / 128 rows holding all m rows, narrowed while the
+    ceil(n / 64) x ceil(m / rows) tiles cover less than 7/8 of the SMs."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tiles = [(16, 4), (32, 5), (64, 6), (128, 7)]
+    i = next(j for j, (rows, _) in enumerate(tiles) if rows >= m)
+    while i > 0 and -(-n // 64) * -(-m // tiles[i][0]) * 8 < 7 * sms:
+        i -= 1
+    return tiles[i][1]
 
 
 def _op_shape(op: str, m: int, n: int, k: int) -> tuple[int, int, int]:
@@ -178,7 +195,7 @@ def test_rule_runs_small_m_transposed(op, shape, dtype, gen):
     ours = run_ours(op, args)
     name = ops.last_kernel_name()
     context = f"{op} {shape} {dtype}"
-    expected = _config_names()[4 if m <= 16 else 5]
+    expected = _config_names()[_expected_swapped_config(m, n)]
     assert expected in name, f"{context}: ran {name}"
     assert ours.shape == gemm_out_shape(op, *_op_shape(op, m, n, k)) and ours.is_contiguous()
     check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)

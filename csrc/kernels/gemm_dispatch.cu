@@ -97,12 +97,14 @@ bool valid_dtypes(DType ab, DType cd) {
 // The SM90 tile configuration of the fused-activation kernels (SM90_ACT_CONFIG of the generator).
 constexpr int kActConfig = 3;
 // The SM90 configuration of float32 operands (TF32), and those of the transposed small-M problem.
-constexpr int kTf32Config = 6;
-constexpr int kSwappedSmallConfig = 4;  // up to 16 rows
-constexpr int kSwappedConfig = 5;       // 17..128 rows
-bool is_swapped_config(int config) {
-  return config == kSwappedSmallConfig || config == kSwappedConfig;
-}
+constexpr int kTf32Config = 8;
+// The transposed configurations by token rows per tile (Sm90TileConfig<4..7>), narrowest first.
+struct SwappedTile {
+  int64_t rows;
+  int config;
+};
+constexpr SwappedTile kSwappedTiles[] = {{16, 4}, {32, 5}, {64, 6}, {128, 7}};
+bool is_swapped_config(int config) { return config >= 4 && config <= 7; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -124,13 +126,17 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
 
 // The per-shape rule, from the configuration sweeps and benchmark runs of benchmarks/NOTES.md
 // (H200, bf16; ratios to cuBLAS there). Tile counts are of the output [m, n] in 128x128 tiles.
-//   * a small M (<= 128 rows: decode, small-batch inference and its dgrad) with N wide enough
-//     for a 64-row tile per SM: config 4 (<= 16 rows) or 5, which run the transposed problem
-//     D^T = B^T A^T: the weight rows become 64-row tiles, so every SM streams its own slab of
-//     the weight once (the time is the weight's read from memory);
-//   * few output tiles otherwise (a 128x256 grid filling under half the SMs: a small M with a
-//     narrow N, or a small N): config 2, 128x128 tiles with stream-K, which spreads K over
-//     every SM (128x8192x8192 forward: 0.83 vs 0.48 for config 0);
+//   * a small M (<= 128 rows: decode, small-batch inference and its dgrad) with N >= 1024:
+//     the transposed problem D^T = B^T A^T (configs 4-7), whose 64-row tiles cut the weight
+//     into ceil(n / 64) slabs, each streamed once by its own CTA. The token-row tile is the
+//     narrowest of 16 / 32 / 64 / 128 that holds all m rows, narrowed further (each slab then
+//     re-read from L2 per token tile) until the tiles cover 7/8 of the SMs. Measured
+//     (results/sweep_nvidia-h200_20261122-055333.json): 16 / 32 / 64 / 128 x 8192 x 8192
+//     forward 0.98-1.00 / 0.99 / 1.02 / 0.92 (the row-major rule: 0.55 / 0.58 / 0.67 / 0.77);
+//     128x4096x4096 with 64-row token tiles 1.03, 128x2048x8192 with 32-row ones 1.14;
+//   * few output tiles otherwise (a 128x256 grid filling under half the SMs: a small N, or a
+//     small M with N < 1024): config 2, 128x128 tiles with stream-K, which spreads K over
+//     every SM;
 //   * a short K (<= 256: wgrad over a few tokens): the output write dominates, config 0's
 //     128x256 epilogue is the fastest (0.80-0.83 vs 0.73-0.75 for ping-pong);
 //   * 1025..4095 tiles: config 3, 128x128 ping-pong with a 1x2 cluster, whose epilogue overlaps
@@ -141,9 +147,15 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
 // Config 1 (config 0 with stream-K) won no measured shape and is left to the sweep.
 Sm90Choice choose_sm90_config(const GemmParams& p) {
   const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
-  if (p.m <= 128 && ceil_div(p.n, 64) * 2 >= sms) {
+  if (p.m <= 128 && p.n >= 1024) {
+    const int64_t weight_tiles = ceil_div(p.n, 64);
+    int i = 0;
+    while (kSwappedTiles[i].rows < p.m) ++i;  // the narrowest token tile holding all rows
+    while (i > 0 && weight_tiles * ceil_div(p.m, kSwappedTiles[i].rows) * 8 < int64_t{7} * sms) {
+      --i;
+    }
     Sm90Choice c;
-    c.config = p.m <= 16 ? kSwappedSmallConfig : kSwappedConfig;
+    c.config = kSwappedTiles[i].config;
     return c;
   }
   return choose_row_major_config(p);
@@ -336,8 +348,10 @@ const char* sm90_config_name(int config) {
     case 2: return "128x128x64_1x1x1_coop_streamk";
     case 3: return "128x128x64_1x2x1_pingpong";
     case 4: return "64x16x128_1x1x1_pingpong_swapab";
-    case 5: return "64x128x64_2x1x1_pingpong_swapab";
-    case 6: return "128x256x32_2x1x1_coop";
+    case 5: return "64x32x128_1x1x1_pingpong_swapab";
+    case 6: return "64x64x128_1x1x1_pingpong_swapab";
+    case 7: return "64x128x64_1x1x1_pingpong_swapab";
+    case 8: return "128x256x32_2x1x1_coop";
   }
   return nullptr;
 }

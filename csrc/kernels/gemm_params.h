@@ -107,9 +107,9 @@ enum class GemmStatus : int {
 const char* gemm_status_string(GemmStatus status);
 
 // Number of SM90 tile configurations of the 16-bit kernels, and the name of one (nullptr past
-// the end); index = GemmParams::sm90_config. Configs 4 and 5 run the transposed problem (small
-// M); config 6 is float32 (TF32) only and not counted.
-constexpr int kSm90ConfigCount = 6;
+// the end); index = GemmParams::sm90_config. Configs 4-7 run the transposed problem (small M);
+// config 8 is float32 (TF32) only and not counted.
+constexpr int kSm90ConfigCount = 8;
 const char* sm90_config_name(int config);
 
 // What the per-shape rule picks for these params (ignores the overrides in them).

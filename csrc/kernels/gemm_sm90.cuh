@@ -83,37 +83,33 @@ struct Sm90TileConfig<3> {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
-// 4 and 5: the transposed problem of a small M (decode-like: 1..128 rows), D^T = B^T A^T, with
-// D^T column-major (GemmParams::d_column_major). The weight becomes the M side, so its rows are
-// cut into 64-row tiles: 128 CTAs for N = 8192, each streaming a disjoint 64-row slab of the
-// weight through the whole K loop, while the few token rows (the N side) are re-read from L2.
-// Ping-pong, since the 64-row tile is one warpgroup's WGMMA height.
-// 4: for up to 16 rows: a 16-wide N tile (WGMMA n16), 128-deep k-blocks (~20 KiB per stage).
-template <>
-struct Sm90TileConfig<4> {
-  using TileShape = cute::Shape<cute::_64, cute::_16, cute::_128>;
+// 4-7: the transposed problem of a small M (decode-like: 1..128 rows), D^T = B^T A^T, with D^T
+// column-major (GemmParams::d_column_major). The weight becomes the M side, cut into 64-row
+// tiles: 128 tiles for N = 8192, each CTA streaming its own slab of the weight through the whole
+// K loop while the few token rows (the N side) come from L2. Ping-pong, since the 64-row tile is
+// one warpgroup's WGMMA height; no cluster (a 2x1 cluster multicasting the token tile measured
+// 2-13% slower, benchmarks/NOTES.md v0.4). The N tile (16, 32, 64, 128 token rows) is the
+// rule's choice: one N tile for all rows where the weight tiles fill the SMs, narrower ones
+// (the weight slab re-read from L2) where they do not.
+template <int TokenTile, int KBlock>
+struct Sm90SwappedTileConfig {
+  using TileShape = cute::Shape<cute::_64, cute::Int<TokenTile>, cute::Int<KBlock>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
+// 128-deep k-blocks for the narrow tiles (~20-32 KiB per stage), 64-deep for the 128-wide one.
+template <> struct Sm90TileConfig<4> : Sm90SwappedTileConfig<16, 128> {};
+template <> struct Sm90TileConfig<5> : Sm90SwappedTileConfig<32, 128> {};
+template <> struct Sm90TileConfig<6> : Sm90SwappedTileConfig<64, 128> {};
+template <> struct Sm90TileConfig<7> : Sm90SwappedTileConfig<128, 64> {};
 
-// 5: for 17..128 rows: a 128-wide N tile; the 2-CTA cluster along M multicasts the token tile
-// (B) to both CTAs, halving its L2 reads.
-template <>
-struct Sm90TileConfig<5> {
-  using TileShape = cute::Shape<cute::_64, cute::_128, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
-  using TileScheduler = cutlass::gemm::PersistentScheduler;
-};
-
-// 6: float32 operands on TF32 tensor cores (K-major A and B, i.e. the "tn" layout only): 32-deep
+// 8: float32 operands on TF32 tensor cores (K-major A and B, i.e. the "tn" layout only): 32-deep
 // k-blocks keep 4 pipeline stages of 128x256 tiles in shared memory. Used for TF32 matmuls and,
 // on operands split into TF32 parts by the binding, for the 3xTF32 "highest" path.
 template <>
-struct Sm90TileConfig<6> {
+struct Sm90TileConfig<8> {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_32>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -311,11 +307,11 @@ struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Con
   using Op = Sm90Gemm<detail::element_t<AB>, detail::element_t<CD>, detail::layout_t<LA>,
                       detail::layout_t<LB>, Sm90TileConfig<Config>, Epi, Act>;
   static_assert(Align == Op::kAlignmentAB, "SM90 kernels use 16-byte alignment");
-  static_assert(AB != DType::kFloat32 || (Config == 6 && LA == Layout::kRowMajor &&
+  static_assert(AB != DType::kFloat32 || (Config == 8 && LA == Layout::kRowMajor &&
                                           LB == Layout::kColumnMajor),
-                "float32 (TF32) SM90 kernels: config 6, K-major A and B (tn) only");
-  static_assert((Epi == EpilogueKind::kLinCombColMajorD) == (Config == 4 || Config == 5),
-                "configs 4 and 5 (and only they) run the transposed small-M problem");
+                "float32 (TF32) SM90 kernels: config 8, K-major A and B (tn) only");
+  static_assert((Epi == EpilogueKind::kLinCombColMajorD) == (Config >= 4 && Config <= 7),
+                "configs 4-7 (and only they) run the transposed small-M problem");
 
   static GemmStatus launch(const GemmParams& p, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, const char** detail, size_t* workspace_query) {

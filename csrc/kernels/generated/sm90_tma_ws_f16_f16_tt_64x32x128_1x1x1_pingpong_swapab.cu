@@ -5,7 +5,7 @@
 namespace cutlass_nn {
 namespace kernels {
 
-// sm90_tma_ws_f16_f16_tt_64x128x64_2x1x1_pingpong_swapab
+// sm90_tma_ws_f16_f16_tt_64x32x128_1x1x1_pingpong_swapab
 template GemmStatus launch<KernelTag<KernelFamily::kSm90TmaWs, DType::kFloat16, DType::kFloat16, Layout::kColumnMajor, Layout::kColumnMajor, 8, 5, EpilogueKind::kLinCombColMajorD, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 }  // namespace kernels

@@ -5,7 +5,7 @@
 namespace cutlass_nn {
 namespace kernels {
 
-// sm90_tma_ws_bf16_bf16_tn_64x128x64_2x1x1_pingpong_swapab
+// sm90_tma_ws_bf16_bf16_tn_64x32x128_1x1x1_pingpong_swapab
 template GemmStatus launch<KernelTag<KernelFamily::kSm90TmaWs, DType::kBFloat16, DType::kBFloat16, Layout::kRowMajor, Layout::kColumnMajor, 8, 5, EpilogueKind::kLinCombColMajorD, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 }  // namespace kernels
