@@ -52,7 +52,10 @@ SM90_CONFIG_NAMES = {
     5: "64x32x128_1x1x1_pingpong_swapab",
     6: "64x64x128_1x1x1_pingpong_swapab",
     7: "64x128x64_1x1x1_pingpong_swapab",
-    8: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only
+    # 8, 9: short K (wgrad over a few tokens): config 0 with a 128x64 / 128x128 epilogue tile
+    8: "128x256x64_2x1x1_coop_epi128x64",
+    9: "128x256x64_2x1x1_coop_epi128x128",
+    15: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only
 }
 # The configurations of the 16-bit kernels (the sweep's and the rule's choices): row-major D...
 SM90_16BIT_CONFIGS = (0, 1, 2, 3)
@@ -60,7 +63,9 @@ SM90_16BIT_CONFIGS = (0, 1, 2, 3)
 # into the "tn" and "tt" layouts; output dtype = input dtype only).
 SM90_SWAPPED_CONFIGS = (4, 5, 6, 7)
 SM90_SWAPPED_LAYOUTS = ("tn", "tt")
-SM90_TF32_CONFIG = 8
+SM90_TF32_CONFIG = 15
+# The short-K configurations, for the wgrad layout ("nt") with the input dtype out.
+SM90_SHORT_K_CONFIGS = (8, 9)
 # Epilogue kinds (EpilogueKind in gemm_registry.h) and their name suffixes.
 EPILOGUES = {"kLinComb": "", "kAct": "", "kActAux": "_aux", "kLinCombColMajorD": ""}
 # The SM90 configuration of the fused bias + activation forward kernels: ping-pong, whose
@@ -129,6 +134,10 @@ def kernel_list() -> list[Kernel]:
     # float32 on TF32 tensor cores: K-major operands (tn) only; the binding gives it TF32
     # matmuls and the operands it splits for 3xTF32.
     ks.append(Kernel("kSm90TmaWs", "kFloat32", "kFloat32", "tn", 4, SM90_TF32_CONFIG))
+    # Short K: wgrad ("nt") with the input dtype out.
+    for config in SM90_SHORT_K_CONFIGS:
+        for ab in sixteen:
+            ks.append(Kernel("kSm90TmaWs", ab, ab, "nt", 8, config))
     # The transposed small-M problem (the dispatcher swaps A and B; D^T is column-major).
     for config in SM90_SWAPPED_CONFIGS:
         for ab in sixteen:

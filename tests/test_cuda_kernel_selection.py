@@ -60,7 +60,9 @@ def _forced(config: int, swizzle: int = 0, splits: int = 0):
 
 # The configurations that run the transposed problem D^T = B^T A^T (small M).
 SWAPPED_CONFIGS = (4, 5, 6, 7)
-N_CONFIGS = 8
+# The short-K configurations, compiled for the wgrad layout only (9: 16-bit outputs only).
+SHORT_K_CONFIGS = (8, 9)
+N_CONFIGS = 10
 
 
 def _transposable(op: str) -> bool:
@@ -69,11 +71,21 @@ def _transposable(op: str) -> bool:
     return op != "linear_wgrad"
 
 
+def _config_has_kernel(config: int, op: str) -> bool:
+    """Whether a configuration has kernels for the op's GEMM (16-bit in, same dtype out)."""
+    if config in SWAPPED_CONFIGS:
+        return _transposable(op)
+    if config in SHORT_K_CONFIGS:
+        return op == "linear_wgrad"
+    return True
+
+
 def test_config_names_listed():
     names = _config_names()
     assert len(names) == N_CONFIGS and len(set(names)) == N_CONFIGS, names
     assert names[0] == "128x256x64_2x1x1_coop"
     assert all(("swapab" in names[c]) == (c in SWAPPED_CONFIGS) for c in range(N_CONFIGS)), names
+    assert all(("_epi" in names[c]) == (c in SHORT_K_CONFIGS) for c in range(N_CONFIGS)), names
 
 
 def test_set_gemm_config_rejects_bad_values():
@@ -104,11 +116,14 @@ def test_each_sm90_config(config, op, shape, dtype, gen):
         ours = run_ours(op, args)
         name = ops.last_kernel_name()
     context = f"{op} {shape} config={config} {dtype}"
-    if config in SWAPPED_CONFIGS and not _transposable(op):
-        # Forced onto a GEMM that cannot run transposed: the row-major rule's kernel instead.
-        assert name.startswith("sm90") and "swapab" not in name, f"{context}: ran {name}"
+    if not _config_has_kernel(config, op):
+        # Forced onto a GEMM it has no kernel for: the rule's row-major SM90 kernel instead.
+        assert name.startswith("sm90") and _config_names()[config] not in name, (
+            f"{context}: ran {name}"
+        )
+        assert "swapab" not in name or _transposable(op), f"{context}: ran {name}"
     else:
-        assert _config_names()[config] in name, f"{context}: ran {name}"
+        assert name.endswith(_config_names()[config]), f"{context}: ran {name}"
     assert ours.shape == gemm_out_shape(op, m, n, k)
     check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)
     assert_unchanged(args, before, context)
@@ -126,7 +141,7 @@ def test_each_sm90_config_fp32_accumulation(config, gen):
     with _forced(config):
         ops.linear_wgrad_accumulate_(gw, dy, x)
         name = ops.last_kernel_name()
-    assert _config_names()[config] in name and "f32" in name, name
+    assert name.endswith(_config_names()[config]) and "f32" in name, name
     ref64 = start.double() + dy.double().t() @ x.double()
     check_close(gw, start + torch.mm(dy.t().float(), x.float()), ref64, FLOOR_16BIT_INTO_F32,
                 f"config {config}")
@@ -149,6 +164,28 @@ def test_rule_gives_small_m_narrow_n_a_stream_k_kernel(gen):
     args = gemm_args("linear_nobias", 16, 512, 4096, torch.bfloat16, "contig", gen)
     run_ours("linear_nobias", args)
     assert "streamk" in ops.last_kernel_name(), ops.last_kernel_name()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("tokens", [16, 256])
+def test_rule_gives_short_k_wgrad_its_own_kernel(tokens, dtype, gen):
+    """wgrad over a few tokens (K <= 256): the write-bound short-K configuration (a wider
+    epilogue tile); an fp32 output (accumulation) keeps the default configuration."""
+    _needs_sm90()
+    dy = make_matrix(tokens, 4096, dtype, "contig", gen)
+    x = make_matrix(tokens, 2048, dtype, "contig", gen)
+    ref64 = dy.double().t() @ x.double()
+    gw = ops.linear_wgrad(dy, x)
+    name = ops.last_kernel_name()
+    assert name.endswith(_config_names()[9]), name
+    check_close(gw, torch.mm(dy.t(), x), ref64, FLOOR_16, f"wgrad over {tokens} tokens")
+    acc = make_matrix(4096, 2048, torch.float32, "contig", gen)
+    start = acc.clone()
+    ops.linear_wgrad_accumulate_(acc, dy, x)
+    name = ops.last_kernel_name()
+    assert name.endswith(_config_names()[0]) and "f32" in name, name
+    check_close(acc, start + torch.mm(dy.t().float(), x.float()), ref64 + start.double(),
+                FLOOR_16BIT_INTO_F32, f"fp32 wgrad accumulation over {tokens} tokens")
 
 
 # Small-M problems (GEMM M x N x K) that the rule runs transposed, D^T = B^T A^T: 1 to 128 rows

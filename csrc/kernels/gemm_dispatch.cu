@@ -97,7 +97,11 @@ bool valid_dtypes(DType ab, DType cd) {
 // The SM90 tile configuration of the fused-activation kernels (SM90_ACT_CONFIG of the generator).
 constexpr int kActConfig = 3;
 // The SM90 configuration of float32 operands (TF32), and those of the transposed small-M problem.
-constexpr int kTf32Config = 8;
+constexpr int kTf32Config = 15;
+// The short-K configurations (Sm90TileConfig<8, 9>: config 0 with a 128x64 / 128x128 epilogue
+// tile), compiled for the wgrad layout with the input dtype out only.
+constexpr int kShortKConfig = 8;
+constexpr int kShortKWideConfig = 9;
 // The transposed configurations by token rows per tile (Sm90TileConfig<4..7>), narrowest first.
 struct SwappedTile {
   int64_t rows;
@@ -116,7 +120,13 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
     c.config = 2;
     return c;
   }
-  if (p.k <= 256) return c;
+  if (p.k <= 256) {
+    if (p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor &&
+        p.dtype_cd == p.dtype_ab) {
+      c.config = kShortKWideConfig;
+    }
+    return c;
+  }
   const int64_t tiles = ceil_div(p.m, 128) * ceil_div(p.n, 128);
   if (tiles > 1024 && tiles < 4096) c.config = 3;
   return c;
@@ -318,7 +328,20 @@ GemmPlan plan_gemm(const GemmParams& params) {
     // Not transposable (or no kernel takes the transposed operands): the row-major rule.
     p.sm90_config = choose_row_major_config(p).config;
   }
-  return finish_plan(p, select_kernel(p));
+  const KernelEntry* e = select_kernel(p);
+  if ((e == nullptr || e->family != KernelFamily::kSm90TmaWs) && !has_fused_epilogue(p) &&
+      p.dtype_ab != DType::kFloat32) {
+    // A configuration compiled for some layouts / dtypes only (a forced one, or the short-K
+    // ones): the row-major rule's choice where that has an SM90 kernel.
+    GemmParams q = p;
+    q.sm90_config = choose_row_major_config(p).config;
+    if (q.sm90_config == p.sm90_config) q.sm90_config = 0;
+    if (q.sm90_config != p.sm90_config) {
+      const KernelEntry* f = select_kernel(q);
+      if (f != nullptr && f->family == KernelFamily::kSm90TmaWs) return finish_plan(q, f);
+    }
+  }
+  return finish_plan(p, e);
 }
 
 const char* gemm_status_string(GemmStatus status) {
@@ -351,7 +374,9 @@ const char* sm90_config_name(int config) {
     case 5: return "64x32x128_1x1x1_pingpong_swapab";
     case 6: return "64x64x128_1x1x1_pingpong_swapab";
     case 7: return "64x128x64_1x1x1_pingpong_swapab";
-    case 8: return "128x256x32_2x1x1_coop";
+    case 8: return "128x256x64_2x1x1_coop_epi128x64";
+    case 9: return "128x256x64_2x1x1_coop_epi128x128";
+    case 15: return "128x256x32_2x1x1_coop";
   }
   return nullptr;
 }

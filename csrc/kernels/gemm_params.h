@@ -107,9 +107,9 @@ enum class GemmStatus : int {
 const char* gemm_status_string(GemmStatus status);
 
 // Number of SM90 tile configurations of the 16-bit kernels, and the name of one (nullptr past
-// the end); index = GemmParams::sm90_config. Configs 4-7 run the transposed problem (small M);
-// config 8 is float32 (TF32) only and not counted.
-constexpr int kSm90ConfigCount = 8;
+// the end); index = GemmParams::sm90_config. Configs 4-7 run the transposed problem (small M),
+// 8 and 9 are the short-K (wgrad) ones; config 15 is float32 (TF32) only and not counted.
+constexpr int kSm90ConfigCount = 10;
 const char* sm90_config_name(int config);
 
 // What the per-shape rule picks for these params (ignores the overrides in them).

@@ -105,16 +105,43 @@ template <> struct Sm90TileConfig<5> : Sm90SwappedTileConfig<32, 128> {};
 template <> struct Sm90TileConfig<6> : Sm90SwappedTileConfig<64, 128> {};
 template <> struct Sm90TileConfig<7> : Sm90SwappedTileConfig<128, 64> {};
 
-// 8: float32 operands on TF32 tensor cores (K-major A and B, i.e. the "tn" layout only): 32-deep
+// 8, 9: the short-K configurations (wgrad over a few tokens, K <= 256): config 0 with a wider
+// epilogue tile. With K that short the kernel is the output write; the default 128x32 epilogue
+// tile with two store stages keeps 16 KiB of TMA stores in flight per SM (bf16), about 2 TB/s
+// over 132 SMs, well under the memory's write rate. 128x64 / 128x128 epilogue tiles hold 2x / 4x
+// that (the C/D staging then takes 64 / 96 KiB of shared memory, leaving the mainloop 3 / 2
+// stages, plenty for a K of a few k-blocks). Compiled for 16-bit outputs (config 9's staging
+// would not fit fp32 ones).
+template <>
+struct Sm90TileConfig<8> : Sm90TileConfig<0> {
+  using EpilogueTile = cute::Shape<cute::_128, cute::_64>;
+};
+template <>
+struct Sm90TileConfig<9> : Sm90TileConfig<0> {
+  using EpilogueTile = cute::Shape<cute::_128, cute::_128>;
+};
+
+// 15 (apart from the 16-bit configurations, which the sweep enumerates): float32 operands on TF32 tensor cores (K-major A and B, i.e. the "tn" layout only): 32-deep
 // k-blocks keep 4 pipeline stages of 128x256 tiles in shared memory. Used for TF32 matmuls and,
 // on operands split into TF32 parts by the binding, for the 3xTF32 "highest" path.
 template <>
-struct Sm90TileConfig<8> {
+struct Sm90TileConfig<15> {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_32>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+
+// The epilogue tile of a configuration: its EpilogueTile where it names one, else CUTLASS's
+// choice (128x32 for the cooperative schedule, 64x32 for ping-pong, 16-bit outputs).
+template <class Cfg, class = void>
+struct EpilogueTileOf {
+  using type = cutlass::epilogue::collective::EpilogueTileAuto;
+};
+template <class Cfg>
+struct EpilogueTileOf<Cfg, std::void_t<typename Cfg::EpilogueTile>> {
+  using type = typename Cfg::EpilogueTile;
 };
 
 // The activation of a fused epilogue, fixed at compile time (one kernel per activation: a
@@ -197,7 +224,7 @@ struct Sm90Gemm {
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementCompute,
+      typename EpilogueTileOf<Cfg>::type, ElementAccumulator, ElementCompute,
       ElementCD, LayoutCD, kAlignmentCD,  // C
       ElementCD, LayoutCD, kAlignmentCD,  // D
       typename Cfg::EpilogueSchedule, FusionOp>::CollectiveOp;
@@ -307,9 +334,9 @@ struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Con
   using Op = Sm90Gemm<detail::element_t<AB>, detail::element_t<CD>, detail::layout_t<LA>,
                       detail::layout_t<LB>, Sm90TileConfig<Config>, Epi, Act>;
   static_assert(Align == Op::kAlignmentAB, "SM90 kernels use 16-byte alignment");
-  static_assert(AB != DType::kFloat32 || (Config == 8 && LA == Layout::kRowMajor &&
+  static_assert(AB != DType::kFloat32 || (Config == 15 && LA == Layout::kRowMajor &&
                                           LB == Layout::kColumnMajor),
-                "float32 (TF32) SM90 kernels: config 8, K-major A and B (tn) only");
+                "float32 (TF32) SM90 kernels: config 15, K-major A and B (tn) only");
   static_assert((Epi == EpilogueKind::kLinCombColMajorD) == (Config >= 4 && Config <= 7),
                 "configs 4-7 (and only they) run the transposed small-M problem");
 
