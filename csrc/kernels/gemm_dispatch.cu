@@ -123,7 +123,7 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
   if (p.k <= 256) {
     if (p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor &&
         p.dtype_cd == p.dtype_ab) {
-      c.config = kShortKWideConfig;
+      c.config = p.k <= 128 ? kShortKWideConfig : kShortKConfig;
     }
     return c;
   }
@@ -147,8 +147,11 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
 //   * few output tiles otherwise (a 128x256 grid filling under half the SMs: a small N, or a
 //     small M with N < 1024): config 2, 128x128 tiles with stream-K, which spreads K over
 //     every SM;
-//   * a short K (<= 256: wgrad over a few tokens): the output write dominates, config 0's
-//     128x256 epilogue is the fastest (0.80-0.83 vs 0.73-0.75 for ping-pong);
+//   * a short K (<= 256: wgrad over a few tokens): the output write dominates. Config 0's
+//     128x256 tile (0.80-0.83 vs 0.73-0.75 for ping-pong), with a wider epilogue tile where
+//     compiled (the wgrad layout, 16-bit out): 128x128 for K <= 128 (config 9: 16x8192x8192
+//     0.98 vs 0.83, 128x8192x8192 0.88 vs 0.79), 128x64 for K <= 256 (config 8: 256x4096x4096
+//     0.93 vs 0.89; results/sweep_nvidia-h200_20261122-061729.json);
 //   * 1025..4095 tiles: config 3, 128x128 ping-pong with a 1x2 cluster, whose epilogue overlaps
 //     the other warpgroup's mainloop (2048x11008x4096 forward 1.00 vs 0.94, wgrad 1.07 vs 0.98);
 //   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent). From 4096 tiles on,
