@@ -270,7 +270,7 @@ def test_bias_grad(shape, layout, dtype, gen):
 # ---------------------------------------------------------------------------------------------
 
 # 5000011: more 16-byte packs than the grid has threads (2048 per SM), for every dtype, so the
-# vector kernel runs its two-packs-per-step loop and some threads a last unpaired pack.
+# vector kernel's threads run several grid-stride steps, not all the same number.
 ADD2_SHAPES = {
     "0": (0,),
     "1": (1,),

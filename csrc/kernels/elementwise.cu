@@ -38,7 +38,8 @@ int resolve_multiprocessors(int multiprocessors) {
 // ---------------------------------------------------------------------------------------------
 
 constexpr int kAddThreads = 256;
-// 8 blocks x 256 threads = 2048 resident threads per SM (the sm_80 / sm_90 maximum).
+// 8 blocks x 256 threads = 2048 resident threads per SM (the sm_80 / sm_90 maximum); with
+// two 16-byte loads per thread per iteration that keeps ~64 KiB of reads in flight per SM.
 constexpr int kAddBlocksPerSm = 8;
 
 template <typename T> __device__ __forceinline__ T add_one(T x, T y) {
@@ -59,25 +60,9 @@ __global__ void __launch_bounds__(kAddThreads)
   const P* pa = reinterpret_cast<const P*>(a);
   const P* pb = reinterpret_cast<const P*>(b);
   P* po = reinterpret_cast<P*>(out);
-  // Two packs per thread per step, all four loads issued before the first add: 2048 resident
-  // threads x 64 bytes = 128 KiB of reads in flight per SM. One pack per step (64 KiB) measured
-  // 0.93-0.94x torch.add at 256M elements on an H200, i.e. short of the ~4.4 TB/s x ~1.5-2 us
-  // bytes that HBM needs in flight under load (benchmarks/NOTES.md v0.4).
-  int64_t i = tid;
-  for (; i + stride < nvec; i += 2 * stride) {
-    const P va0 = pa[i], vb0 = pb[i];
-    const P va1 = pa[i + stride], vb1 = pb[i + stride];
-    P vo0, vo1;
-#pragma unroll
-    for (int k = 0; k < kN; ++k) {
-      vo0.v[k] = add_one(va0.v[k], vb0.v[k]);
-      vo1.v[k] = add_one(va1.v[k], vb1.v[k]);
-    }
-    po[i] = vo0;
-    po[i + stride] = vo1;
-  }
-  if (i < nvec) {  // this thread's last, unpaired pack
-    const P va = pa[i], vb = pb[i];
+  for (int64_t i = tid; i < nvec; i += stride) {
+    const P va = pa[i];
+    const P vb = pb[i];
     P vo;
 #pragma unroll
     for (int k = 0; k < kN; ++k) vo.v[k] = add_one(va.v[k], vb.v[k]);
