@@ -167,6 +167,10 @@ def _run(fn, rank, world_size, init_method, out_dir, device_type, *args):
         device = _setup(rank, world_size, init_method, device_type)
         result = fn(rank, world_size, device, *args)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+        # Every rank's collectives end before any rank tears the group down: a rank that exits
+        # first closes its gloo connections under the other's last collective (seen once in CI
+        # as "terminate called without an active exception", SIGABRT, in the FSDP2 CPU job).
+        dist.barrier()
     except BaseException:
         traceback.print_exc()
         raise
