@@ -56,6 +56,7 @@ SM90_CONFIG_NAMES = {
     8: "128x256x64_2x1x1_coop_epi128x64",
     9: "128x256x64_2x1x1_coop_epi128x128",
     15: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only
+    16: "128x128x32_2x1x1_coop_promoted",  # the 3xTF32 parts of float32 "highest" only
 }
 # The configurations of the 16-bit kernels (the sweep's and the rule's choices): row-major D...
 SM90_16BIT_CONFIGS = (0, 1, 2, 3)
@@ -64,6 +65,9 @@ SM90_16BIT_CONFIGS = (0, 1, 2, 3)
 SM90_SWAPPED_CONFIGS = (4, 5, 6, 7)
 SM90_SWAPPED_LAYOUTS = ("tn", "tt")
 SM90_TF32_CONFIG = 15
+# float32 "highest" on SM90: one TF32 GEMM over operands split into TF32 parts, accumulated with
+# fp32 adds every k-block (Sm90TileConfig<16>).
+SM90_TF32_SPLIT_CONFIG = 16
 # The short-K configurations, for the wgrad layout ("nt") with the input dtype out.
 SM90_SHORT_K_CONFIGS = (8, 9)
 # Epilogue kinds (EpilogueKind in gemm_registry.h) and their name suffixes.
@@ -131,9 +135,10 @@ def kernel_list() -> list[Kernel]:
             for lay in ("tn", "nn", "nt"):
                 ks.append(Kernel("kSm90TmaWs", ab, ab, lay, 8, config))
             ks.append(Kernel("kSm90TmaWs", ab, "kFloat32", "nt", 8, config))
-    # float32 on TF32 tensor cores: K-major operands (tn) only; the binding gives it TF32
-    # matmuls and the operands it splits for 3xTF32.
+    # float32 on TF32 tensor cores: K-major operands (tn) only; TF32 matmuls, and the operands
+    # the binding splits into TF32 parts for 3xTF32 (the binding writes them K-major).
     ks.append(Kernel("kSm90TmaWs", "kFloat32", "kFloat32", "tn", 4, SM90_TF32_CONFIG))
+    ks.append(Kernel("kSm90TmaWs", "kFloat32", "kFloat32", "tn", 4, SM90_TF32_SPLIT_CONFIG))
     # Short K: wgrad ("nt") with the input dtype out.
     for config in SM90_SHORT_K_CONFIGS:
         for ab in sixteen:

@@ -674,8 +674,13 @@ class TestCuda:
         assert empty[0].shape == empty[1].shape == (0, 3, 32)
 
     @pytest.mark.parametrize("bias_grad", [True, False])
-    @pytest.mark.parametrize("shape", [(256, 512), (37, 129), (4096, 384), (1, 7), (0, 16)],
-                             ids=["256x512", "37x129", "4096x384", "1x7", "0x16"])
+    # Rows of >= 1 KiB take the kernel's 1 KiB column strips, narrower ones its 128-byte strips;
+    # 3001x1030 is wide with a ragged last strip (and, for 16-bit types, the scalar path).
+    @pytest.mark.parametrize(
+        "shape",
+        [(256, 512), (37, 129), (4096, 384), (1, 7), (0, 16), (3001, 1030)],
+        ids=["256x512", "37x129", "4096x384", "1x7", "0x16", "3001x1030"],
+    )
     @pytest.mark.parametrize("act", ACTS)
     @pytest.mark.parametrize("dtype", CUDA_DTYPES + [torch.float64], ids=CUDA_DTYPE_IDS + ["f64"])
     def test_activation_grad(self, dtype, act, shape, bias_grad, gen):
@@ -707,11 +712,13 @@ class TestCuda:
         rtol = {torch.float32: 2e-6, torch.float64: 1e-13}.get(dtype, 2 * torch.finfo(dtype).eps)
         torch.testing.assert_close(dz.cpu(), dz_cpu, rtol=rtol, atol=1e-6)
 
+    @pytest.mark.parametrize("cols", [128, 1024])
     @pytest.mark.parametrize("dtype", CUDA_DTYPES + [torch.float64], ids=CUDA_DTYPE_IDS + ["f64"])
-    def test_activation_grad_vector_and_scalar_paths_agree(self, dtype, gen):
+    def test_activation_grad_vector_and_scalar_paths_agree(self, dtype, cols, gen):
         """The same data at a 16-byte aligned and a misaligned address (the scalar path of the
-        kernels) gives bitwise the same results: the summation order does not depend on it."""
-        rows, cols = 1000, 128
+        kernels) gives bitwise the same results: the summation order does not depend on it
+        (with the narrow and the wide column strips)."""
+        rows = 1000
         n = rows * cols
         base = torch.randn(2, rows, cols, generator=gen, device="cuda").to(dtype)
         g_a, z_a = base[0], base[1]  # both 16-byte aligned (n * element size % 16 == 0)

@@ -320,9 +320,13 @@ def test_misaligned_accumulation_padded(acc_dtype, gen):
     assert torch.isnan(buf[:, k:]).all(), "wrote past grad_weight"
 
 
-# float32 "highest": the SM80 3xTF32 kernels (mma.sync; WGMMA's TF32 accumulation was measured
-# too lossy for this, see benchmarks/NOTES.md), SIMT fp32 where 3xTF32 cannot read the operands.
+# float32 "highest": 3xTF32. On Hopper, problems of at least 2^26 multiply-adds run as one TF32
+# GEMM over operands split into TF32 parts, on the SM90 kernel that adds WGMMA's partial sums into
+# fp32 registers every k-block ("3xtf32_split+sm90_..._promoted"); smaller ones, other GPUs, and
+# the forced SM80 path run the SM80 3xTF32 kernels (mma.sync); SIMT fp32 where 3xTF32 cannot read
+# the operands.
 F32_SHAPES = {"aligned": (256, 384, 1024), "odd_k": (300, 388, 1001), "small": (64, 96, 80)}
+SPLIT_KERNEL = "3xtf32_split+sm90_tma_ws_tf32_f32_tn_128x128x32_2x1x1_coop_promoted"
 
 
 @pytest.mark.parametrize("shape", F32_SHAPES.values(), ids=F32_SHAPES.keys())
@@ -339,10 +343,70 @@ def test_fp32_highest_is_3xtf32_at_fp32_accuracy(op, shape, gen):
     assert "3xtf32" in name or "simt" in name, name
     if shape == F32_SHAPES["aligned"]:
         assert "3xtf32" in name, name
+    if shape != F32_SHAPES["small"] and _is_sm90_build():
+        assert name == SPLIT_KERNEL, name
     ref = run_torch(op, to64(args))
     err = lambda t: float((t.double() - ref).norm() / ref.norm())  # noqa: E731
     assert err(ours) <= 2 * err(torch_fp32) + 1e-6, (name, err(ours), err(torch_fp32))
     assert_unchanged(args, before, op)
+
+
+def _is_sm90_build() -> bool:
+    return torch.cuda.get_device_capability() == (9, 0) and "90a" in cutlass_nn.build_info()[
+        "cuda_archs"
+    ]
+
+
+@pytest.mark.parametrize("op", ["linear", "linear_dgrad", "linear_wgrad"])
+def test_fp32_highest_long_k_matches_cublas_fp32(op, gen):
+    """A long K (16384 products per output) is where an inexact accumulator shows: one plain TF32
+    WGMMA GEMM over the split operands measured 50x cuBLAS fp32's error at K = 4096. Ours must
+    stay within 2x of cuBLAS fp32's error against float64, and every result must be finite."""
+    # The contracted extent is 16384 in each: K of the forward, N (outputs) of the dgrad, M
+    # (tokens) of the wgrad.
+    m, n, k = {
+        "linear": (1024, 768, 16384),
+        "linear_dgrad": (1024, 16384, 768),
+        "linear_wgrad": (16384, 1024, 768),
+    }[op]
+    args = gemm_args(op, m, n, k, torch.float32, "contig", gen)
+    with matmul_precision(False):
+        ours = run_ours(op, args)
+        name = ops.last_kernel_name()
+        torch_fp32 = run_torch(op, args)
+    if _is_sm90_build():
+        assert name == SPLIT_KERNEL, name
+    ref = run_torch(op, to64(args))
+    err = lambda t: float((t.double() - ref).norm() / ref.norm())  # noqa: E731
+    assert torch.isfinite(ours).all()
+    assert err(ours) <= 2 * err(torch_fp32), (name, err(ours), err(torch_fp32))
+    # and far from TF32's own error (~5e-4 in the norm)
+    assert err(ours) < 5e-5, (name, err(ours))
+
+
+def test_fp32_highest_split_with_transposed_and_strided_operands(gen):
+    """The split reads any strides: a transposed weight and a column slice of a wider input give
+    the same result as contiguous copies, at fp32 accuracy, with the inputs untouched."""
+    m, n, k = 320, 256, 1024
+    wide = make_matrix(m, k + 12, torch.float32, "contig", gen)
+    x = wide[:, 5 : 5 + k]  # column slice: row stride k + 12, offset 5 (not 16-byte aligned)
+    w_t = make_matrix(k, n, torch.float32, "contig", gen)
+    w = w_t.t()  # [n, k], column-major
+    bias = make_matrix(1, n, torch.float32, "contig", gen)[0]
+    before = (wide.clone(), w_t.clone(), bias.clone())
+    with matmul_precision(False):
+        ours = ops.linear(x, w, bias)
+        name = ops.last_kernel_name()
+        again = ops.linear(x.contiguous(), w.contiguous(), bias)
+        torch_fp32 = torch.nn.functional.linear(x, w, bias)
+    if _is_sm90_build():
+        assert name == SPLIT_KERNEL, name
+    assert torch.equal(ours, again)
+    ref = torch.nn.functional.linear(x.double(), w.double(), bias.double())
+    err = lambda t: float((t.double() - ref).norm() / ref.norm())  # noqa: E731
+    assert err(ours) <= 2 * err(torch_fp32) + 1e-6, (err(ours), err(torch_fp32))
+    assert torch.equal(wide, before[0]) and torch.equal(w_t, before[1])
+    assert torch.equal(bias, before[2])
 
 
 def test_fp32_highest_accumulates_and_keeps_non_finite(gen):

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <climits>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "../validation.h"
 #include "device_info.h"
 #include "gemm_params.h"
+#include "split_tf32.h"
 
 namespace cutlass_nn {
 namespace cuda {
@@ -160,9 +162,10 @@ void set_device_for_tma(const char* op, const at::Tensor& a) {
 }
 
 // The GemmParams of D = A @ B for operands already in kernel form (no pointers for the slabs
-// yet; m and k are set per slab).
+// yet; m and k are set per slab). split_operands: A and B are the TF32 parts of a 3xTF32 split.
 kernels::GemmParams base_params(const Operand& A, const Operand& B, const at::Tensor& a,
-                                const at::Tensor& d, int64_t n, const DeviceInfo& info) {
+                                const at::Tensor& d, int64_t n, const DeviceInfo& info,
+                                bool split_operands = false) {
   kernels::GemmParams p;
   p.n = n;
   p.lda = A.ld;
@@ -172,7 +175,8 @@ kernels::GemmParams base_params(const Operand& A, const Operand& B, const at::Te
   p.ldd = d.size(0) > 1 ? d.stride(0) : n;
   p.dtype_ab = to_kernel_dtype(a.scalar_type());
   p.dtype_cd = to_kernel_dtype(d.scalar_type());
-  p.fp32_math = a.scalar_type() == c10::kFloat && !float32_matmul_allows_tf32()
+  p.fp32_math = split_operands ? kernels::Fp32Math::kTf32Split
+                : a.scalar_type() == c10::kFloat && !float32_matmul_allows_tf32()
                     ? kernels::Fp32Math::kIeee
                     : kernels::Fp32Math::kTf32;
   p.arch_path = g_force_sm80.load() ? kernels::ArchPath::kSm80 : kernels::ArchPath::kAuto;
@@ -211,8 +215,74 @@ bool wants_padding(const kernels::GemmParams& p, int64_t m, int64_t k) {
   return name.rfind("sm90", 0) != 0;
 }
 
+// float32 at precision "highest" on SM90 (see split_tf32.h): problems at least this large run as
+// one TF32 GEMM over split operands, 3x the K, on the SM90 kernel that accumulates with fp32 adds
+// (config 16); the split costs one pass over A and B and 3x their memory for the duration of the
+// call (capped below; above the cap, the SM80 3xTF32 kernels run instead).
+constexpr double kSplitMinWork = 1 << 26;
+constexpr int64_t kSplitMaxBytes = int64_t{4} << 30;
+
+bool wants_tf32_split(const kernels::GemmParams& p, int64_t m, int64_t k, const at::Tensor& d) {
+  if (p.dtype_ab != kernels::DType::kFloat32 || p.fp32_math != kernels::Fp32Math::kIeee) {
+    return false;
+  }
+  if (p.sm != 90 || p.arch_path != kernels::ArchPath::kAuto) return false;
+  if (static_cast<double>(m) * static_cast<double>(p.n) * static_cast<double>(k) < kSplitMinWork) {
+    return false;
+  }
+  constexpr int64_t kMaxRows = int64_t{65535} * 32;  // launch_split_tf32's grid
+  if (m > kMaxRows || p.n > kMaxRows || k > INT_MAX / 4) return false;
+  const int64_t kp = (k + 3) / 4 * 4;
+  if (3 * (m + p.n) * kp * 4 > kSplitMaxBytes) return false;
+  // The SM90 kernel writes D with TMA: 16-byte aligned rows.
+  const auto addr = reinterpret_cast<uintptr_t>(d.data_ptr());
+  return p.n % 4 == 0 && addr % 16 == 0 && (m <= 1 || p.ldd % 4 == 0);
+}
+
+// A stable C string for a name built at run time (last_kernel_name() hands out raw pointers).
+const char* intern(const std::string& name) {
+  static std::mutex mutex;
+  static std::set<std::string> names;
+  std::lock_guard<std::mutex> lock(mutex);
+  return names.insert(name).first->c_str();
+}
+
 void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d,
-               const std::optional<at::Tensor>& bias, bool accumulate, bool allow_rewrite) {
+               const std::optional<at::Tensor>& bias, bool accumulate, bool allow_rewrite,
+               bool split_operands);
+
+// The 3xTF32 path: split A and B into K-major [big | big | small] / [big | small | big] operands
+// and run one TF32 GEMM over them (the kernel's name gets the prefix "3xtf32_split+").
+void gemm_split_tf32(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d,
+                     const std::optional<at::Tensor>& bias, bool accumulate) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const int64_t kp = (k + 3) / 4 * 4;
+  const auto options = a.options().memory_format(at::MemoryFormat::Contiguous);
+  const at::Tensor a3 = at::empty({m, 3 * kp}, options);
+  const at::Tensor b3 = at::empty({n, 3 * kp}, options);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
+  const float* a_ptr = static_cast<const float*>(a.data_ptr());
+  const float* b_ptr = static_cast<const float*>(b.data_ptr());
+  cudaError_t err = kernels::launch_split_tf32(a_ptr, m, k, a.stride(0), a.stride(1),
+                                               static_cast<float*>(a3.data_ptr()), kp,
+                                               kernels::kSplitPatternA, stream);
+  if (err == cudaSuccess) {
+    // Row r of b3 is column r of B: element (r, c) of the source is b[c, r].
+    err = kernels::launch_split_tf32(b_ptr, n, k, b.stride(1), b.stride(0),
+                                     static_cast<float*>(b3.data_ptr()), kp,
+                                     kernels::kSplitPatternB, stream);
+  }
+  TORCH_CHECK(err == cudaSuccess, "cutlass_nn.", op, ": the 3xTF32 operand split failed for M=",
+              std::to_string(m), " N=", std::to_string(n), " K=", std::to_string(k), ": ",
+              cudaGetErrorString(err));
+  gemm_impl(op, a3, b3.t(), d, bias, accumulate, /*allow_rewrite=*/false,
+            /*split_operands=*/true);
+  g_last_kernel = intern(std::string("3xtf32_split+") + g_last_kernel.load());
+}
+
+void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d,
+               const std::optional<at::Tensor>& bias, bool accumulate, bool allow_rewrite,
+               bool split_operands) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0) return;
   if (k == 0) {
@@ -239,7 +309,7 @@ void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const a
   if (bias.has_value()) bias_contig = bias->contiguous();
 
   const DeviceInfo& info = device_info(a.get_device());
-  kernels::GemmParams p = base_params(A, B, a, d, n, info);
+  kernels::GemmParams p = base_params(A, B, a, d, n, info, split_operands);
   // Pointers are set below; the probe only needs the operand addresses for alignment.
   p.a = A.ptr;
   p.b = B.ptr;
@@ -250,6 +320,10 @@ void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const a
   if (accumulate) {
     p.c = p.d;
     p.ldc = p.ldd;
+  }
+  if (allow_rewrite && wants_tf32_split(p, m, k, d)) {
+    gemm_split_tf32(op, a, b, d, bias, accumulate);
+    return;
   }
   if (allow_rewrite && wants_padding(p, m, k)) {
     // Misaligned K / N (or M for a column-major A): pad the contiguous extents to multiples of 8
@@ -265,7 +339,8 @@ void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const a
     at::Tensor dp = accumulate ? pad_matrix(d, mp, np) : empty_row_major(d, mp, np);
     std::optional<at::Tensor> bias_p;
     if (bias.has_value()) bias_p = at::constant_pad_nd(bias_contig, {0, np - n});
-    gemm_impl(op, ap, bp, dp, bias_p, accumulate, /*allow_rewrite=*/false);
+    gemm_impl(op, ap, bp, dp, bias_p, accumulate, /*allow_rewrite=*/false,
+              /*split_operands=*/false);
     d.copy_(dp.narrow(0, 0, m).narrow(1, 0, n));
     return;
   }
@@ -312,7 +387,7 @@ void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const a
 
 void gemm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d,
           const std::optional<at::Tensor>& bias, bool accumulate) {
-  gemm_impl(op, a, b, d, bias, accumulate, /*allow_rewrite=*/true);
+  gemm_impl(op, a, b, d, bias, accumulate, /*allow_rewrite=*/true, /*split_operands=*/false);
 }
 
 bool gemm_fused_activation(const char* op, const at::Tensor& a, const at::Tensor& b,

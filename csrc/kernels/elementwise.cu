@@ -1,6 +1,6 @@
 // Torch-free elementwise / reduction kernels of cutlass_nn (see elementwise.h).
 //
-//  * launch_add2:       out = a + b, 16-byte vectorized grid-stride loop (scalar fallback).
+//  * launch_add2:       out = a + b, one 16-byte pack per thread (scalar grid-stride fallback).
 //  * launch_column_sum: out[j] = sum_i x[i * ld + j], deterministic single pass (no atomics,
 //                       no workspace): each block owns a 64-byte-wide strip of columns and
 //                       reduces all rows of it, first per thread in registers, then across
@@ -38,9 +38,14 @@ int resolve_multiprocessors(int multiprocessors) {
 // ---------------------------------------------------------------------------------------------
 
 constexpr int kAddThreads = 256;
-// 8 blocks x 256 threads = 2048 resident threads per SM (the sm_80 / sm_90 maximum); with
-// two 16-byte loads per thread per iteration that keeps ~64 KiB of reads in flight per SM.
+// Scalar path: a grid-stride loop over at most 8 blocks x 256 threads per SM (2048 resident
+// threads, the sm_80 / sm_90 maximum).
 constexpr int kAddBlocksPerSm = 8;
+// Vector path: one 16-byte pack of each operand per thread and as many blocks as that takes
+// (the grid-stride loop then runs once), so blocks retire and are replaced in address order.
+// The persistent form (8 blocks per SM looping over the array) measured 0.93-0.94x torch.add at
+// 256M elements on an H200, with one or two packs per thread per step (benchmarks/NOTES.md v0.5).
+constexpr int64_t kAddMaxBlocks = 0x7fffffff;
 
 template <typename T> __device__ __forceinline__ T add_one(T x, T y) {
   // 16-bit: compute in float, round once (torch's opmath behaviour). fp32 / fp64: native.
@@ -90,8 +95,6 @@ template <typename T>
 cudaError_t add2_impl(const void* a, const void* b, void* out, int64_t numel,
                       int multiprocessors, cudaStream_t stream) {
   constexpr int kN = Pack16<T>::kN;
-  const int64_t max_blocks =
-      static_cast<int64_t>(resolve_multiprocessors(multiprocessors)) * kAddBlocksPerSm;
   const T* ta = static_cast<const T*>(a);
   const T* tb = static_cast<const T*>(b);
   T* to = static_cast<T*>(out);
@@ -99,9 +102,11 @@ cudaError_t add2_impl(const void* a, const void* b, void* out, int64_t numel,
     const int64_t nvec = numel / kN;
     // At least one block so that a numel < kN (pure tail) still runs.
     const int64_t needed = std::max<int64_t>(1, (nvec + kAddThreads - 1) / kAddThreads);
-    const int blocks = static_cast<int>(std::min(needed, max_blocks));
+    const int blocks = static_cast<int>(std::min(needed, kAddMaxBlocks));
     add2_vec_kernel<T><<<blocks, kAddThreads, 0, stream>>>(ta, tb, to, nvec, numel);
   } else {
+    const int64_t max_blocks =
+        static_cast<int64_t>(resolve_multiprocessors(multiprocessors)) * kAddBlocksPerSm;
     const int64_t needed = (numel + kAddThreads - 1) / kAddThreads;
     const int blocks = static_cast<int>(std::min(needed, max_blocks));
     add2_scalar_kernel<T><<<blocks, kAddThreads, 0, stream>>>(ta, tb, to, numel);

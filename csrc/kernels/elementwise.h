@@ -11,8 +11,8 @@ namespace cutlass_nn {
 namespace kernels {
 
 // out[i] = a[i] + b[i] for 0 <= i < numel. All three buffers are contiguous and of `dtype`.
-// 16-byte vectorized loads/stores where the three pointers allow it, scalar tail otherwise;
-// grid-stride loop sized from `multiprocessors`. Returns the launch status.
+// 16-byte vectorized loads/stores where the three pointers allow it (one pack per thread), a
+// scalar grid-stride loop sized from `multiprocessors` otherwise. Returns the launch status.
 cudaError_t launch_add2(DType dtype, const void* a, const void* b, void* out, int64_t numel,
                         int multiprocessors, cudaStream_t stream);
 

@@ -3,15 +3,17 @@
 // generated translation unit.
 //
 // Selection (first registry row that fits, rows are in priority order):
-//   1. kSm90TmaWs     only if sm == 90, arch_path == kAuto, 16-bit A/B, every operand 16-byte
-//                     aligned, and (for a row-broadcast bias) beta == 1; among its tile
+//   1. kSm90TmaWs     only if sm == 90, arch_path == kAuto, 16-bit A/B (or float32 with
+//                     Fp32Math::kTf32: config 15, or kTf32Split: config 16), every operand
+//                     16-byte aligned, and (for a row-broadcast bias) beta == 1; among its tile
 //                     configurations the one choose_sm90_config() names for the problem shape.
 //                     The only family with fused activation epilogues. For a small M the rule
 //                     may name a transposed configuration (4, 5): the problem is then run as
 //                     D^T = B^T A^T with a column-major D^T (plan_gemm), or, where that has no
 //                     kernel, with the rule's row-major choice.
 //   2. kSm80TensorOp  sm >= 80; highest alignment first (f16/bf16: 8 then 2; tf32: 4 then 1, only
-//                     with Fp32Math::kTf32; 3xTF32: 4, only with Fp32Math::kIeee; f64 DMMA: 1).
+//                     with Fp32Math::kTf32 or kTf32Split; 3xTF32: 4, only with Fp32Math::kIeee;
+//                     f64 DMMA: 1).
 //   3. kSm80Simt      fp32 (IEEE, or TF32 requested but nothing tensor-op fits).
 //   4. kFallback      any alignment / layout (A ColumnMajor with B ColumnMajor excepted).
 #include <climits>
@@ -96,8 +98,9 @@ bool valid_dtypes(DType ab, DType cd) {
 
 // The SM90 tile configuration of the fused-activation kernels (SM90_ACT_CONFIG of the generator).
 constexpr int kActConfig = 3;
-// The SM90 configuration of float32 operands (TF32), and those of the transposed small-M problem.
+// The SM90 configurations of float32 operands: TF32, and the TF32 parts of a 3xTF32 split.
 constexpr int kTf32Config = 15;
+constexpr int kTf32SplitConfig = 16;
 // The short-K configurations (Sm90TileConfig<8, 9>: config 0 with a 128x64 / 128x128 epilogue
 // tile), compiled for the wgrad layout with the input dtype out only.
 constexpr int kShortKConfig = 8;
@@ -213,7 +216,9 @@ GemmParams transposed(const GemmParams& p) {
 // config -1 (no fused kernel: the caller runs GEMM + activation) where the rule transposes a
 // small-M problem, since the transposed GEMM alone beats the fused 128-row tile there.
 Sm90Choice resolve_sm90(const GemmParams& p) {
-  if (p.dtype_ab == DType::kFloat32) return Sm90Choice{kTf32Config, 0, 0};
+  if (p.dtype_ab == DType::kFloat32) {
+    return Sm90Choice{p.fp32_math == Fp32Math::kTf32Split ? kTf32SplitConfig : kTf32Config, 0, 0};
+  }
   Sm90Choice c = choose_sm90_config(p);
   if (has_fused_epilogue(p)) {
     c.config = is_swapped_config(c.config) && p.sm90_config < 0 ? -1 : kActConfig;
@@ -278,14 +283,15 @@ const KernelEntry* select_kernel(const GemmParams& p) {
     switch (e.family) {
       case KernelFamily::kSm90TmaWs:
         if (p.sm != 90 || p.arch_path != ArchPath::kAuto) continue;
-        if (p.dtype_ab == DType::kFloat32 && p.fp32_math != Fp32Math::kTf32) continue;
+        if (p.dtype_ab == DType::kFloat32 && p.fp32_math == Fp32Math::kIeee) continue;
         if (p.c_row_broadcast && p.beta != 1.0f) continue;  // the fused bias is not scaled
         if (e.config != p.sm90_config) continue;
         break;
       case KernelFamily::kSm80TensorOp:
         if (p.dtype_ab == DType::kFloat32) {
-          // config 0: TF32 (allowed by the matmul precision); config 1: 3xTF32 (fp32 accuracy)
-          if (e.config != (p.fp32_math == Fp32Math::kTf32 ? 0 : 1)) continue;
+          // config 0: TF32 (allowed by the matmul precision, or operands that are TF32 parts
+          // already); config 1: 3xTF32 (fp32 accuracy)
+          if (e.config != (p.fp32_math == Fp32Math::kIeee ? 1 : 0)) continue;
         }
         if (p.n > kSm80MaxN) continue;
         break;
@@ -380,6 +386,7 @@ const char* sm90_config_name(int config) {
     case 8: return "128x256x64_2x1x1_coop_epi128x64";
     case 9: return "128x256x64_2x1x1_coop_epi128x128";
     case 15: return "128x256x32_2x1x1_coop";
+    case 16: return "128x128x32_2x1x1_coop_promoted";
   }
   return nullptr;
 }

@@ -24,6 +24,10 @@ enum class Layout : int { kRowMajor = 0, kColumnMajor = 1 };
 enum class Fp32Math : int {
   kIeee = 0,  // full fp32 FMA (torch.get_float32_matmul_precision() == "highest")
   kTf32 = 1,  // TF32 tensor cores ("high" / "medium", allow_tf32 = True)
+  // The operands are the TF32 parts of a 3xTF32 split (split_tf32.h): TF32 products, summed
+  // with fp32 accuracy. On SM90 the kernel (config 16) adds WGMMA's partial sums into separate
+  // fp32 registers every k-block, since WGMMA's own fp32 accumulation loses low-order bits.
+  kTf32Split = 2,
 };
 
 // Which generation of kernels to use.
@@ -108,7 +112,8 @@ const char* gemm_status_string(GemmStatus status);
 
 // Number of SM90 tile configurations of the 16-bit kernels, and the name of one (nullptr past
 // the end); index = GemmParams::sm90_config. Configs 4-7 run the transposed problem (small M),
-// 8 and 9 are the short-K (wgrad) ones; config 15 is float32 (TF32) only and not counted.
+// 8 and 9 are the short-K (wgrad) ones; configs 15 (TF32) and 16 (3xTF32 parts, promoted
+// accumulation) are float32 only and not counted.
 constexpr int kSm90ConfigCount = 10;
 const char* sm90_config_name(int config);
 

@@ -121,9 +121,9 @@ struct Sm90TileConfig<9> : Sm90TileConfig<0> {
   using EpilogueTile = cute::Shape<cute::_128, cute::_128>;
 };
 
-// 15 (apart from the 16-bit configurations, which the sweep enumerates): float32 operands on TF32 tensor cores (K-major A and B, i.e. the "tn" layout only): 32-deep
-// k-blocks keep 4 pipeline stages of 128x256 tiles in shared memory. Used for TF32 matmuls and,
-// on operands split into TF32 parts by the binding, for the 3xTF32 "highest" path.
+// 15 and 16 (apart from the 16-bit configurations, which the sweep enumerates): float32 operands
+// on TF32 tensor cores, K-major A and B (the "tn" layout) only, 32-deep k-blocks.
+// 15: TF32 matmuls (float32 matmul precision "high"): 128x256 tiles, 4 pipeline stages.
 template <>
 struct Sm90TileConfig<15> {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_32>;
@@ -131,6 +131,49 @@ struct Sm90TileConfig<15> {
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+
+// 16: the 3xTF32 path of precision "highest" (operands split into TF32 parts by the binding,
+// split_tf32.h). Every product of TF32 parts is exact in fp32, but WGMMA's fp32 accumulation is
+// not IEEE round-to-nearest: one TF32 GEMM over the split operands measured 1.0e-5 relative error
+// against cuBLAS fp32's 2.2e-7 (4096^3, H200), its results biased toward zero. So the WGMMA
+// accumulator is restarted every kPromotionInterval MMAs (= every 32-deep k-block here) after its
+// partial sum is added, with ordinary fp32 adds, into a second register accumulator (CUTLASS's
+// promoting mainloop, written for FP8 but type-generic). Two accumulators per thread limit the
+// tile to 128x128 (64 + 64 registers per consumer thread).
+template <>
+struct Sm90TileConfig<16> {
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_32>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+  // MMAs (m64n128k8, 4 per k-block) between promotions; a multiple of the MMAs per k-block.
+  static constexpr int kPromotionInterval = 4;
+};
+
+// The mainloop of a configuration: CUTLASS's builder's choice, or, where the configuration names
+// a kPromotionInterval, the same collective with the promoting dispatch policy swapped in.
+template <class Built>
+struct WithPromotedAccumulation;
+template <int Stages, class Cluster, class Schedule, class... Rest>
+struct WithPromotedAccumulation<cutlass::gemm::collective::CollectiveMma<
+    cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<Stages, Cluster, Schedule>, Rest...>> {
+  using type = cutlass::gemm::collective::CollectiveMma<
+      cutlass::gemm::MainloopSm90TmaGmmaWarpSpecializedFP8<Stages, Cluster, Schedule>, Rest...>;
+};
+
+template <class Cfg, class = void>
+struct PromotionOf {
+  static constexpr int kInterval = 0;  // WGMMA accumulates on its own
+  template <class Built>
+  using Mainloop = Built;
+};
+template <class Cfg>
+struct PromotionOf<Cfg, std::void_t<decltype(Cfg::kPromotionInterval)>> {
+  static constexpr int kInterval = Cfg::kPromotionInterval;
+  template <class Built>
+  using Mainloop = typename WithPromotedAccumulation<Built>::type;
 };
 
 // The epilogue tile of a configuration: its EpilogueTile where it names one, else CUTLASS's
@@ -229,12 +272,13 @@ struct Sm90Gemm {
       ElementCD, LayoutCD, kAlignmentCD,  // D
       typename Cfg::EpilogueSchedule, FusionOp>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA, kAlignmentAB,
-      ElementAB, LayoutB, kAlignmentAB, ElementAccumulator, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      typename Cfg::KernelSchedule>::CollectiveOp;
+  using CollectiveMainloop = typename PromotionOf<Cfg>::template Mainloop<
+      typename cutlass::gemm::collective::CollectiveBuilder<
+          cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA, kAlignmentAB,
+          ElementAB, LayoutB, kAlignmentAB, ElementAccumulator, TileShape, ClusterShape,
+          cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+              sizeof(typename CollectiveEpilogue::SharedStorage))>,
+          typename Cfg::KernelSchedule>::CollectiveOp>;
 
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
@@ -288,6 +332,9 @@ struct Sm90Gemm {
          stride_b},
         {{}, static_cast<const ElementCD*>(p.c), stride_c, static_cast<ElementCD*>(p.d), stride_d},
         hw_info};
+    if constexpr (PromotionOf<Cfg>::kInterval > 0) {
+      args.mainloop.mma_promotion_interval = PromotionOf<Cfg>::kInterval;
+    }
     // Rasterization swizzle of the tile scheduler (1 = none): neighbouring CTAs share A or B
     // tiles in L2.
     if (p.swizzle > 0) args.scheduler.max_swizzle_size = p.swizzle;
@@ -334,9 +381,9 @@ struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Con
   using Op = Sm90Gemm<detail::element_t<AB>, detail::element_t<CD>, detail::layout_t<LA>,
                       detail::layout_t<LB>, Sm90TileConfig<Config>, Epi, Act>;
   static_assert(Align == Op::kAlignmentAB, "SM90 kernels use 16-byte alignment");
-  static_assert(AB != DType::kFloat32 || (Config == 15 && LA == Layout::kRowMajor &&
-                                          LB == Layout::kColumnMajor),
-                "float32 (TF32) SM90 kernels: config 15, K-major A and B (tn) only");
+  static_assert(AB != DType::kFloat32 || ((Config == 15 || Config == 16) &&
+                                          LA == Layout::kRowMajor && LB == Layout::kColumnMajor),
+                "float32 (TF32) SM90 kernels: config 15 or 16, K-major A and B (tn) only");
   static_assert((Epi == EpilogueKind::kLinCombColMajorD) == (Config >= 4 && Config <= 7),
                 "configs 4-7 (and only they) run the transposed small-M problem");
 
