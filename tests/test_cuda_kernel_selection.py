@@ -429,6 +429,29 @@ def test_fp32_highest_accumulates_and_keeps_non_finite(gen):
     assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
 
 
+def test_fp32_highest_split_accumulates_into_a_padded_output(gen):
+    """An output the SM90 kernel cannot write in place (N = 515 columns, a row stride of 518):
+    the split path accumulates through a padded copy, keeps the old values, and never writes past
+    the output's columns."""
+    m, n, k = 1000, 260, 515
+    dy = make_matrix(m, n, torch.float32, "contig", gen)
+    x = make_matrix(m, k, torch.float32, "contig", gen)
+    buf = torch.full((n, k + 3), float("nan"), dtype=torch.float32, device="cuda")
+    gw = buf[:, :k]
+    gw.copy_(make_matrix(n, k, torch.float32, "contig", gen))
+    start = gw.clone()
+    with matmul_precision(False):
+        ops.linear_wgrad_accumulate_(gw, dy, x)
+        name = ops.last_kernel_name()
+        torch_fp32 = start + torch.mm(dy.t(), x)
+    if _is_sm90_build():
+        assert name == SPLIT_KERNEL, name
+    ref = start.double() + dy.double().t() @ x.double()
+    err = lambda t: float((t.double() - ref).norm() / ref.norm())  # noqa: E731
+    assert err(gw) <= 2 * err(torch_fp32) + 1e-6, (name, err(gw), err(torch_fp32))
+    assert torch.isnan(buf[:, k:]).all(), "wrote past grad_weight"
+
+
 @pytest.mark.parametrize("splits", [1, 2, 4, 7])
 @pytest.mark.parametrize("op", ["linear", "linear_dgrad", "linear_wgrad"])
 def test_stream_k_split_factors(op, splits, gen):

@@ -222,7 +222,7 @@ bool wants_padding(const kernels::GemmParams& p, int64_t m, int64_t k) {
 constexpr double kSplitMinWork = 1 << 26;
 constexpr int64_t kSplitMaxBytes = int64_t{4} << 30;
 
-bool wants_tf32_split(const kernels::GemmParams& p, int64_t m, int64_t k, const at::Tensor& d) {
+bool wants_tf32_split(const kernels::GemmParams& p, int64_t m, int64_t k) {
   if (p.dtype_ab != kernels::DType::kFloat32 || p.fp32_math != kernels::Fp32Math::kIeee) {
     return false;
   }
@@ -232,11 +232,9 @@ bool wants_tf32_split(const kernels::GemmParams& p, int64_t m, int64_t k, const 
   }
   constexpr int64_t kMaxRows = int64_t{65535} * 32;  // launch_split_tf32's grid
   if (m > kMaxRows || p.n > kMaxRows || k > INT_MAX / 4) return false;
-  const int64_t kp = (k + 3) / 4 * 4;
-  if (3 * (m + p.n) * kp * 4 > kSplitMaxBytes) return false;
-  // The SM90 kernel writes D with TMA: 16-byte aligned rows.
-  const auto addr = reinterpret_cast<uintptr_t>(d.data_ptr());
-  return p.n % 4 == 0 && addr % 16 == 0 && (m <= 1 || p.ldd % 4 == 0);
+  const int64_t kp = (k + 3) / 4 * 4, np = (p.n + 3) / 4 * 4;
+  // The split operands, and a padded copy of D where D itself cannot be the kernel's output.
+  return (3 * (m + np) * kp + m * np) * 4 <= kSplitMaxBytes;
 }
 
 // A stable C string for a name built at run time (last_kernel_name() hands out raw pointers).
@@ -252,14 +250,18 @@ void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const a
                bool split_operands);
 
 // The 3xTF32 path: split A and B into K-major [big | big | small] / [big | small | big] operands
-// and run one TF32 GEMM over them (the kernel's name gets the prefix "3xtf32_split+").
+// (K padded with zeros to a multiple of 4) and run one TF32 GEMM over them (the kernel's name gets
+// the prefix "3xtf32_split+"). The SM90 kernel writes D with TMA, in 16-byte aligned rows: where
+// D's are not (N not a multiple of 4, or its address or row stride), it writes a padded copy
+// [M, N rounded up to 4] (B's extra rows zero), whose first N columns are then copied to D.
 void gemm_split_tf32(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d,
                      const std::optional<at::Tensor>& bias, bool accumulate) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  const int64_t kp = (k + 3) / 4 * 4;
+  const int64_t kp = (k + 3) / 4 * 4, np = (n + 3) / 4 * 4;
   const auto options = a.options().memory_format(at::MemoryFormat::Contiguous);
   const at::Tensor a3 = at::empty({m, 3 * kp}, options);
-  const at::Tensor b3 = at::empty({n, 3 * kp}, options);
+  const at::Tensor b3 = at::empty({np, 3 * kp}, options);
+  if (np > n) b3.narrow(0, n, np - n).zero_();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
   const float* a_ptr = static_cast<const float*>(a.data_ptr());
   const float* b_ptr = static_cast<const float*>(b.data_ptr());
@@ -275,8 +277,20 @@ void gemm_split_tf32(const char* op, const at::Tensor& a, const at::Tensor& b, c
   TORCH_CHECK(err == cudaSuccess, "cutlass_nn.", op, ": the 3xTF32 operand split failed for M=",
               std::to_string(m), " N=", std::to_string(n), " K=", std::to_string(k), ": ",
               cudaGetErrorString(err));
-  gemm_impl(op, a3, b3.t(), d, bias, accumulate, /*allow_rewrite=*/false,
-            /*split_operands=*/true);
+  const auto d_addr = reinterpret_cast<uintptr_t>(d.data_ptr());
+  const bool d_fits = np == n && d_addr % 16 == 0 && (m <= 1 || d.stride(0) % 4 == 0);
+  if (d_fits) {
+    gemm_impl(op, a3, b3.t(), d, bias, accumulate, /*allow_rewrite=*/false,
+              /*split_operands=*/true);
+  } else {
+    at::Tensor dp = empty_row_major(d, m, np);
+    if (accumulate) dp.narrow(1, 0, n).copy_(d);
+    std::optional<at::Tensor> bias_p;
+    if (bias.has_value()) bias_p = at::constant_pad_nd(bias->contiguous(), {0, np - n});
+    gemm_impl(op, a3, b3.t(), dp, bias_p, accumulate, /*allow_rewrite=*/false,
+              /*split_operands=*/true);
+    d.copy_(dp.narrow(1, 0, n));
+  }
   g_last_kernel = intern(std::string("3xtf32_split+") + g_last_kernel.load());
 }
 
@@ -321,7 +335,7 @@ void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const a
     p.c = p.d;
     p.ldc = p.ldd;
   }
-  if (allow_rewrite && wants_tf32_split(p, m, k, d)) {
+  if (allow_rewrite && wants_tf32_split(p, m, k)) {
     gemm_split_tf32(op, a, b, d, bias, accumulate);
     return;
   }
