@@ -674,8 +674,7 @@ class TestCuda:
         assert empty[0].shape == empty[1].shape == (0, 3, 32)
 
     @pytest.mark.parametrize("bias_grad", [True, False])
-    # Rows of >= 1 KiB take the kernel's 1 KiB column strips, narrower ones its 128-byte strips;
-    # 3001x1030 is wide with a ragged last strip (and, for 16-bit types, the scalar path).
+    # 3001x1030: many row chunks, a ragged last column strip and (16-bit types) the scalar path.
     @pytest.mark.parametrize(
         "shape",
         [(256, 512), (37, 129), (4096, 384), (1, 7), (0, 16), (3001, 1030)],
@@ -716,8 +715,7 @@ class TestCuda:
     @pytest.mark.parametrize("dtype", CUDA_DTYPES + [torch.float64], ids=CUDA_DTYPE_IDS + ["f64"])
     def test_activation_grad_vector_and_scalar_paths_agree(self, dtype, cols, gen):
         """The same data at a 16-byte aligned and a misaligned address (the scalar path of the
-        kernels) gives bitwise the same results: the summation order does not depend on it
-        (with the narrow and the wide column strips)."""
+        kernels) gives bitwise the same results: the summation order does not depend on it."""
         rows = 1000
         n = rows * cols
         base = torch.randn(2, rows, cols, generator=gen, device="cuda").to(dtype)

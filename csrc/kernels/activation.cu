@@ -145,35 +145,26 @@ cudaError_t forward_impl(const void* z, void* out, int64_t numel, int multiproce
 // Backward with the bias gradient: one pass, per-chunk column sums, then the chunk reduction
 // ---------------------------------------------------------------------------------------------
 //
-// Block = kTx x kTy threads (256); block (x = strip, y = chunk) owns a strip of kTx 16-byte
-// packs of columns and the rows [chunk * rows_per_chunk, ...) of the chunk. Thread (tx, ty)
-// handles columns [tx * kV, tx * kV + kV) of the strip in rows ty, ty + kTy, ... of the chunk, in
-// ascending order, summing the rounded grad_z values per column in registers; then the kTy row
-// groups are added by a fixed halving tree in shared memory and the strip's sums of the chunk go
-// to partial[chunk][column]. The vector path (16-byte loads) and the scalar path (misaligned
+// Block = kBwdTx x kBwdTy threads; block (x = strip, y = chunk) owns a strip of kStripCols =
+// 128 bytes of columns (kBwdTx threads x one 16-byte pack each) and the rows [chunk *
+// rows_per_chunk, ...) of the chunk. Thread (tx, ty) handles columns [tx * kV, tx * kV + kV) of
+// the strip in rows ty, ty + kBwdTy, ... of the chunk, in ascending order, summing the rounded
+// grad_z values per column in registers; then the kBwdTy row groups are added by a fixed
+// halving tree in shared memory and the strip's sums of the chunk go to
+// partial[chunk][column]. The vector path (16-byte loads) and the scalar path (misaligned
 // pointers, or cols not a multiple of the pack) use the same thread / row / column mapping, so
 // they sum in the same order and give bitwise-identical results.
-//
-// Two strip widths, chosen from the row width (cols x element bytes) alone: rows of at least
-// 1 KiB get 1 KiB strips (64 x 4 threads: each warp reads 512 contiguous bytes of a row, so the
-// memory sees long runs within a DRAM page); narrower rows get 128-byte strips (8 x 32 threads),
-// which waste no threads on a narrow matrix. The first version used the 128-byte strips for every
-// shape: 155 us at 16384 x 4096 bf16 on an H200 (2.6 TB/s for its 384 MiB of traffic), no faster
-// than torch's two kernels (GELU backward + sum, 152 us).
 
-constexpr int kBwdThreads = 256;
-constexpr int kWideTx = 64;     // 1 KiB strips
-constexpr int kNarrowTx = 8;    // 128-byte strips
-constexpr int64_t kWideRowBytes = 1024;
+constexpr int kStripBytes = 128;
+constexpr int kBwdTx = 8;   // threads across a strip: 8 x 16 bytes
+constexpr int kBwdTy = 32;  // row groups per block
+constexpr int kBwdThreads = kBwdTx * kBwdTy;
 constexpr int kBwdRowUnroll = 4;
 // Partition targets (constants, never the SM count, so the summation order is the same on
-// every GPU): about kTargetBlocks blocks in all, chunks of at least kTy * kBwdRowUnroll rows,
-// and at most kMaxChunks chunks (the partial sums the reduction reads).
+// every GPU): about kTargetBlocks blocks in all, and chunks of at least kMinChunkRows rows.
 constexpr int64_t kTargetBlocks = 2048;
-constexpr int64_t kMaxChunks = 256;
-// The chunk reduction: kReduceCols columns x kReduceLanes chunk lanes per block.
-constexpr int kReduceCols = 32;
-constexpr int kReduceLanes = 8;
+constexpr int64_t kMinChunkRows = static_cast<int64_t>(kBwdTy) * kBwdRowUnroll;
+constexpr int kReduceThreads = 256;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -188,7 +179,6 @@ int dtype_bytes(DType dtype) {
 }
 
 struct BwdPartition {
-  int tx = kNarrowTx;  // threads across a strip (kWideTx or kNarrowTx)
   int64_t strips = 0;
   int64_t chunks = 0;  // 0 when rows == 0
   int64_t rows_per_chunk = 0;
@@ -196,23 +186,20 @@ struct BwdPartition {
 
 BwdPartition bwd_partition(DType dtype, int64_t rows, int64_t cols) {
   BwdPartition p;
-  const int64_t esize = dtype_bytes(dtype);
-  p.tx = cols * esize >= kWideRowBytes ? kWideTx : kNarrowTx;
-  const int64_t strip_cols = p.tx * (16 / esize);
+  const int64_t strip_cols = kStripBytes / dtype_bytes(dtype);
   p.strips = ceil_div(cols, strip_cols);
   if (rows <= 0 || cols <= 0) return p;
-  const int64_t min_chunk_rows = static_cast<int64_t>(kBwdThreads / p.tx) * kBwdRowUnroll;
-  int64_t chunks = std::min(ceil_div(kTargetBlocks, p.strips), kMaxChunks);
-  chunks = std::min(chunks, ceil_div(rows, min_chunk_rows));
+  int64_t chunks = ceil_div(kTargetBlocks, p.strips);
+  chunks = std::min(chunks, ceil_div(rows, kMinChunkRows));
   chunks = std::max<int64_t>(chunks, 1);
   p.rows_per_chunk = ceil_div(rows, chunks);
-  p.chunks = ceil_div(rows, p.rows_per_chunk);  // <= kMaxChunks, well within gridDim.y
+  p.chunks = ceil_div(rows, p.rows_per_chunk);  // <= kTargetBlocks, well within gridDim.y
   return p;
 }
 
 int acc_bytes(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
 
-template <typename T, Activation A, bool kVec, int kTx>
+template <typename T, Activation A, bool kVec>
 __global__ void __launch_bounds__(kBwdThreads)
     act_backward_bias_kernel(const T* __restrict__ g, const T* __restrict__ z,
                              T* __restrict__ dz, int64_t rows, int64_t cols,
@@ -220,10 +207,10 @@ __global__ void __launch_bounds__(kBwdThreads)
   using Acc = typename AccType<T>::type;
   using P = Pack16<T>;
   constexpr int kV = P::kN;
-  constexpr int kTy = kBwdThreads / kTx;
-  constexpr int kStripCols = kTx * kV;
+  constexpr int kStripCols = kBwdTx * kV;
+  static_assert(kStripCols * static_cast<int>(sizeof(T)) == kStripBytes, "strip width");
 
-  __shared__ Acc smem[kTy * kStripCols];
+  __shared__ Acc smem[kBwdTy * kStripCols];
 
   const int tx = threadIdx.x;
   const int ty = threadIdx.y;
@@ -241,18 +228,18 @@ __global__ void __launch_bounds__(kBwdThreads)
     // cols is a multiple of kV: a pack is either entirely inside the matrix or outside.
     if (col0 < cols) {
       int64_t r = r_begin + ty;
-      for (; r + (kBwdRowUnroll - 1) * static_cast<int64_t>(kTy) < r_end;
-           r += kBwdRowUnroll * static_cast<int64_t>(kTy)) {
+      for (; r + (kBwdRowUnroll - 1) * static_cast<int64_t>(kBwdTy) < r_end;
+           r += kBwdRowUnroll * static_cast<int64_t>(kBwdTy)) {
         P vg[kBwdRowUnroll], vz[kBwdRowUnroll];
 #pragma unroll
         for (int u = 0; u < kBwdRowUnroll; ++u) {
-          const int64_t i = (r + static_cast<int64_t>(u) * kTy) * cols + col0;
+          const int64_t i = (r + static_cast<int64_t>(u) * kBwdTy) * cols + col0;
           vg[u] = *reinterpret_cast<const P*>(g + i);
           vz[u] = *reinterpret_cast<const P*>(z + i);
         }
 #pragma unroll
         for (int u = 0; u < kBwdRowUnroll; ++u) {
-          const int64_t i = (r + static_cast<int64_t>(u) * kTy) * cols + col0;
+          const int64_t i = (r + static_cast<int64_t>(u) * kBwdTy) * cols + col0;
           P vo;
 #pragma unroll
           for (int k = 0; k < kV; ++k) {
@@ -262,7 +249,7 @@ __global__ void __launch_bounds__(kBwdThreads)
           *reinterpret_cast<P*>(dz + i) = vo;
         }
       }
-      for (; r < r_end; r += kTy) {
+      for (; r < r_end; r += kBwdTy) {
         const int64_t i = r * cols + col0;
         const P vg = *reinterpret_cast<const P*>(g + i);
         const P vz = *reinterpret_cast<const P*>(z + i);
@@ -276,7 +263,7 @@ __global__ void __launch_bounds__(kBwdThreads)
       }
     }
   } else {
-    for (int64_t r = r_begin + ty; r < r_end; r += kTy) {
+    for (int64_t r = r_begin + ty; r < r_end; r += kBwdTy) {
       const int64_t row = r * cols;
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
@@ -295,9 +282,9 @@ __global__ void __launch_bounds__(kBwdThreads)
 #pragma unroll
   for (int k = 0; k < kV; ++k) smem[ty * kStripCols + tx * kV + k] = acc[k];
   __syncthreads();
-  const int flat = ty * kTx + tx;
+  const int flat = ty * kBwdTx + tx;
 #pragma unroll
-  for (int half = kTy / 2; half > 0; half /= 2) {
+  for (int half = kBwdTy / 2; half > 0; half /= 2) {
     const int n = half * kStripCols;
     for (int f = flat; f < n; f += kBwdThreads) smem[f] += smem[f + n];
     __syncthreads();
@@ -308,42 +295,19 @@ __global__ void __launch_bounds__(kBwdThreads)
   }
 }
 
-// bias[c] = round(sum_{k < chunks} partial[k][c]) (zeros when chunks == 0), in a fixed order:
-// lane l of column c sums chunks l, l + kReduceLanes, ... in ascending order, then the lanes are
-// added by a halving tree. Block = kReduceCols columns x kReduceLanes lanes.
+// bias[c] = round(sum_{k < chunks} partial[k][c]), chunks in ascending order (zeros when
+// chunks == 0).
 template <typename T>
-__global__ void __launch_bounds__(kReduceCols * kReduceLanes)
+__global__ void __launch_bounds__(kReduceThreads)
     bias_reduce_kernel(const typename AccType<T>::type* __restrict__ partial, int64_t chunks,
                        int64_t cols, T* __restrict__ bias) {
   using Acc = typename AccType<T>::type;
-  __shared__ Acc smem[kReduceLanes][kReduceCols];
-  const int tx = threadIdx.x, lane = threadIdx.y;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kReduceCols + tx;
-  Acc s = Acc(0);
-  if (c < cols) {
-    for (int64_t k = lane; k < chunks; k += kReduceLanes) s += partial[k * cols + c];
-  }
-  smem[lane][tx] = s;
-  __syncthreads();
-#pragma unroll
-  for (int half = kReduceLanes / 2; half > 0; half /= 2) {
-    if (lane < half) smem[lane][tx] += smem[lane + half][tx];
-    __syncthreads();
-  }
-  if (lane == 0 && c < cols) bias[c] = from_acc<T>(smem[0][tx]);
-}
-
-template <typename T, Activation A, int kTx>
-void launch_backward_bias(bool vec, dim3 grid, const T* g, const T* z, T* dz, int64_t rows,
-                          int64_t cols, int64_t rows_per_chunk,
-                          typename AccType<T>::type* partial, cudaStream_t stream) {
-  const dim3 block(kTx, kBwdThreads / kTx);
-  if (vec) {
-    act_backward_bias_kernel<T, A, true, kTx>
-        <<<grid, block, 0, stream>>>(g, z, dz, rows, cols, rows_per_chunk, partial);
-  } else {
-    act_backward_bias_kernel<T, A, false, kTx>
-        <<<grid, block, 0, stream>>>(g, z, dz, rows, cols, rows_per_chunk, partial);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols;
+       c += stride) {
+    Acc s = Acc(0);
+    for (int64_t k = 0; k < chunks; ++k) s += partial[k * cols + c];
+    bias[c] = from_acc<T>(s);
   }
 }
 
@@ -382,20 +346,20 @@ cudaError_t backward_impl(DType dtype, const void* g, const void* z, void* dz, i
   Acc* partial = static_cast<Acc*>(workspace);
   if (p.chunks > 0) {
     const dim3 grid(static_cast<unsigned>(p.strips), static_cast<unsigned>(p.chunks));
-    const bool vec = aligned && cols % kN == 0;
-    if (p.tx == kWideTx) {
-      launch_backward_bias<T, A, kWideTx>(vec, grid, tg, tz, td, rows, cols, p.rows_per_chunk,
-                                          partial, stream);
+    const dim3 block(kBwdTx, kBwdTy);
+    if (aligned && cols % kN == 0) {
+      act_backward_bias_kernel<T, A, true>
+          <<<grid, block, 0, stream>>>(tg, tz, td, rows, cols, p.rows_per_chunk, partial);
     } else {
-      launch_backward_bias<T, A, kNarrowTx>(vec, grid, tg, tz, td, rows, cols, p.rows_per_chunk,
-                                            partial, stream);
+      act_backward_bias_kernel<T, A, false>
+          <<<grid, block, 0, stream>>>(tg, tz, td, rows, cols, p.rows_per_chunk, partial);
     }
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  const int64_t reduce_blocks = std::min<int64_t>(ceil_div(cols, kReduceCols), 0x7fffffff);
-  bias_reduce_kernel<T><<<static_cast<unsigned>(reduce_blocks), dim3(kReduceCols, kReduceLanes),
-                          0, stream>>>(partial, p.chunks, cols, static_cast<T*>(bias));
+  const int64_t reduce_blocks = std::min<int64_t>(ceil_div(cols, kReduceThreads), 0x7fffffff);
+  bias_reduce_kernel<T><<<static_cast<unsigned>(reduce_blocks), kReduceThreads, 0, stream>>>(
+      partial, p.chunks, cols, static_cast<T*>(bias));
   return cudaGetLastError();
 }
 

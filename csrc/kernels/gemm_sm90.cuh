@@ -141,10 +141,10 @@ struct Sm90TileConfig<15> {
 // partial sum is added, with ordinary fp32 adds, into a second register accumulator (CUTLASS's
 // promoting mainloop, written for FP8 but type-generic). Two accumulators per thread limit the
 // tile to 128x128 (64 + 64 registers per consumer thread). Each promotion first waits for every
-// MMA in flight, so the interval trades speed for accuracy: every k-block (4 MMAs) measured
-// 95 TFLOP/s of fp32 work at 8192^3 (1.9-2.0x cuBLAS fp32) with 6.6e-7 error against cuBLAS's
-// 1.6e-6 (H200, benchmarks/NOTES.md v0.6); every second k-block (8 MMAs, 64-deep partial sums)
-// is the setting.
+// MMA in flight, so the interval trades speed for accuracy. Measured at 8192^3 on an H200
+// (benchmarks/NOTES.md v0.6; cuBLAS fp32 error 1.6e-6 against float64): every k-block (4 MMAs)
+// 11.5 ms, error 6.6e-7; every second one (8 MMAs) 11.1 ms, 5.0e-7; every fourth (16 MMAs,
+// 128-deep partial sums) is the setting.
 template <>
 struct Sm90TileConfig<16> {
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_32>;
@@ -153,7 +153,7 @@ struct Sm90TileConfig<16> {
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
   // MMAs (m64n128k8, 4 per k-block) between promotions; a multiple of the MMAs per k-block.
-  static constexpr int kPromotionInterval = 8;
+  static constexpr int kPromotionInterval = 16;
 };
 
 // The mainloop of a configuration: CUTLASS's builder's choice, or, where the configuration names
