@@ -18,7 +18,8 @@ constexpr int kSplitPatternB = 0b010;  // big, small, big
 
 // dst[r, s * kp + c] = part_s(src(r, c)) for r < rows, c < k, s < 3, and 0 for k <= c < kp.
 // src element (r, c) is at src[r * src_row_stride + c * src_col_stride] (any strides: a
-// transposed view is read in place); dst is row-major [rows, 3 * kp]. A non-finite x is written
+// transposed view is read in place); dst is row-major [rows, 3 * kp], 16-byte aligned, with kp a
+// multiple of 4 (else cudaErrorInvalidValue). A non-finite x is written
 // to segment 0 (the big x big product) and 0 to the others, so infinities and NaN give the
 // non-finite results an fp32 GEMM would (pattern A's segment 0 meets pattern B's segment 0).
 cudaError_t launch_split_tf32(const float* src, int64_t rows, int64_t k, int64_t src_row_stride,
