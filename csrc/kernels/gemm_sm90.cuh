@@ -6,8 +6,8 @@
 //   D = alpha * (A @ B) + beta * C + bias[m]        (kLinCombColMajorD: C, D column-major; the
 //                                                    dispatcher's transposed small-M problem)
 //
-// A/B are 16-bit (f16 / bf16), accumulation is fp32, C/D are RowMajor (but see kLinCombColMajorD)
-// with the A/B dtype or fp32.
+// A/B are 16-bit (f16 / bf16), or float32 on TF32 tensor cores (configs 15 and 16, "tn" only);
+// accumulation is fp32, C/D are RowMajor (but see kLinCombColMajorD) with the A/B dtype or fp32.
 // "PerColBias" in CUTLASS is a Sm90RowBroadcast with stride (_0, _1): one value per column n,
 // i.e. exactly nn.Linear's bias. A null bias pointer reads as 0 (EnableNullptr), so the same kernel
 // serves plain GEMMs. With beta == 0 the epilogue skips the C load entirely.
