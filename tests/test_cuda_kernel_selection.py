@@ -429,32 +429,6 @@ def test_fp32_highest_accumulates_and_keeps_non_finite(gen):
     assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
 
 
-TF32_SHAPES = {"aligned": (512, 384, 1024), "odd": (300, 388, 1001)}
-
-
-@pytest.mark.parametrize("shape", TF32_SHAPES.values(), ids=TF32_SHAPES.keys())
-@pytest.mark.parametrize("op", ["linear", "linear_dgrad", "linear_wgrad"])
-def test_tf32_runs_on_sm90_for_every_layout(op, shape, gen):
-    """With TF32 allowed, the dgrad and wgrad (whose operands are not both K-major) and misaligned
-    shapes run on K-major copies on the SM90 TF32 kernel ("kmajor+..."), the aligned forward on it
-    directly; all at TF32 accuracy (the rule of the other TF32 tests), inputs untouched."""
-    m, n, k = shape
-    args = gemm_args(op, m, n, k, torch.float32, "contig", gen)
-    before = clone_all(args)
-    with matmul_precision(True):
-        ours = run_ours(op, args)
-        name = ops.last_kernel_name()
-        torch_tf32 = run_torch(op, args)
-    if _is_sm90_build():
-        tf32_kernel = "sm90_tma_ws_tf32_f32_tn_128x256x32_2x1x1_coop"
-        if op == "linear" and shape == TF32_SHAPES["aligned"]:
-            assert name == tf32_kernel, name
-        else:
-            assert name == "kmajor+" + tf32_kernel, name
-    check_close(ours, torch_tf32, run_torch(op, to64(args)), 1e-3, f"tf32 {op} {shape}")
-    assert_unchanged(args, before, op)
-
-
 def test_fp32_highest_split_accumulates_into_a_padded_output(gen):
     """An output the SM90 kernel cannot write in place (N = 515 columns, a row stride of 518):
     the split path accumulates through a padded copy, keeps the old values, and never writes past

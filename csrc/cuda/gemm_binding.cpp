@@ -16,7 +16,7 @@
 #include "../validation.h"
 #include "device_info.h"
 #include "gemm_params.h"
-#include "tf32_operands.h"
+#include "split_tf32.h"
 
 namespace cutlass_nn {
 namespace cuda {
@@ -215,43 +215,31 @@ bool wants_padding(const kernels::GemmParams& p, int64_t m, int64_t k) {
   return name.rfind("sm90", 0) != 0;
 }
 
-// float32 GEMMs on SM90 (see tf32_operands.h): problems at least this large whose operands the
-// SM90 TF32 kernels cannot read as they are run on K-major copies of them -- at precision
-// "highest", always, as one TF32 GEMM over operands split into TF32 parts, 3x the K, on the SM90
-// kernel that accumulates with fp32 adds (config 16); with TF32 allowed, where the operands are
-// not K-major (dgrad, wgrad) or not 16-byte aligned, as plain copies for config 15. The copies
-// cost one pass over A and B and (3x) their memory for the duration of the call, capped below
-// (above the cap, the SM80 kernels run instead).
-constexpr double kTf32RewriteMinWork = 1 << 26;
-constexpr int64_t kTf32RewriteMaxBytes = int64_t{4} << 30;
+// float32 at precision "highest" on SM90 (see split_tf32.h): problems at least this large run as
+// one TF32 GEMM over split operands, 3x the K, on the SM90 kernel that accumulates with fp32 adds
+// (config 16); the split costs one pass over A and B and 3x their memory for the duration of the
+// call (capped below; above the cap, the SM80 3xTF32 kernels run instead).
+constexpr double kSplitMinWork = 1 << 26;
+constexpr int64_t kSplitMaxBytes = int64_t{4} << 30;
 
-// K of the operand copies (of each split segment): K rounded up to 32 floats (zeros past K), so
-// that every row starts on a 128-byte boundary for the kernel's TMA loads. (Rounded up to 4, the
+// K of each split segment: K rounded up to 32 floats (zeros past K), so that every row of the
+// split operands starts on a 128-byte boundary for the kernel's TMA loads. (Rounded up to 4, the
 // 16-byte minimum, K = 4091 ran at 1.65x cuBLAS fp32 against 1.9-2.2x for the other shapes.)
-int64_t k_major_extent(int64_t k) { return (k + 31) / 32 * 32; }
+int64_t split_segment_k(int64_t k) { return (k + 31) / 32 * 32; }
 
-enum class Tf32Rewrite { kNone, kCopy, kSplit };
-
-Tf32Rewrite wants_tf32_rewrite(const kernels::GemmParams& p, int64_t m, int64_t k) {
-  if (p.dtype_ab != kernels::DType::kFloat32) return Tf32Rewrite::kNone;
-  if (p.sm != 90 || p.arch_path != kernels::ArchPath::kAuto) return Tf32Rewrite::kNone;
-  if (static_cast<double>(m) * static_cast<double>(p.n) * static_cast<double>(k) <
-      kTf32RewriteMinWork) {
-    return Tf32Rewrite::kNone;
+bool wants_tf32_split(const kernels::GemmParams& p, int64_t m, int64_t k) {
+  if (p.dtype_ab != kernels::DType::kFloat32 || p.fp32_math != kernels::Fp32Math::kIeee) {
+    return false;
   }
-  constexpr int64_t kMaxRows = int64_t{65535} * 32;  // launch_tf32_operand's grid
-  if (m > kMaxRows || p.n > kMaxRows || k > INT_MAX / 4) return Tf32Rewrite::kNone;
-  const bool split = p.fp32_math == kernels::Fp32Math::kIeee;
-  const int64_t segments = split ? 3 : 1;
-  const int64_t kp = k_major_extent(k), np = (p.n + 3) / 4 * 4;
-  // The operand copies, and a padded copy of D where D itself cannot be the kernel's output.
-  if ((segments * (m + np) * kp + m * np) * 4 > kTf32RewriteMaxBytes) return Tf32Rewrite::kNone;
-  if (split) return Tf32Rewrite::kSplit;
-  kernels::GemmParams probe = p;
-  probe.m = m;
-  probe.k = k;
-  const std::string name = kernels::gemm_kernel_name(probe);
-  return name.rfind("sm90", 0) == 0 ? Tf32Rewrite::kNone : Tf32Rewrite::kCopy;
+  if (p.sm != 90 || p.arch_path != kernels::ArchPath::kAuto) return false;
+  if (static_cast<double>(m) * static_cast<double>(p.n) * static_cast<double>(k) < kSplitMinWork) {
+    return false;
+  }
+  constexpr int64_t kMaxRows = int64_t{65535} * 32;  // launch_split_tf32's grid
+  if (m > kMaxRows || p.n > kMaxRows || k > INT_MAX / 4) return false;
+  const int64_t kp = split_segment_k(k), np = (p.n + 3) / 4 * 4;
+  // The split operands, and a padded copy of D where D itself cannot be the kernel's output.
+  return (3 * (m + np) * kp + m * np) * 4 <= kSplitMaxBytes;
 }
 
 // A stable C string for a name built at run time (last_kernel_name() hands out raw pointers).
@@ -266,52 +254,49 @@ void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const a
                const std::optional<at::Tensor>& bias, bool accumulate, bool allow_rewrite,
                bool split_operands);
 
-// The rewrite of wants_tf32_rewrite: A and B written K-major (K padded with zeros to
-// k_major_extent) as plain copies ("kmajor+" before the kernel's name) or split into
-// [big | big | small] / [big | small | big] ("3xtf32_split+"), then one TF32 GEMM over them. The
-// SM90 kernel writes D with TMA, in 16-byte aligned rows: where D's are not (N not a multiple of
-// 4, or its address or row stride), it writes a padded copy [M, N rounded up to 4] (B's extra
-// rows zero), whose first N columns are then copied to D.
-void gemm_tf32_k_major(const char* op, const at::Tensor& a, const at::Tensor& b,
-                       const at::Tensor& d, const std::optional<at::Tensor>& bias,
-                       bool accumulate, bool split) {
+// The 3xTF32 path: split A and B into K-major [big | big | small] / [big | small | big] operands
+// (K padded with zeros, split_segment_k) and run one TF32 GEMM over them (the kernel's name gets
+// the prefix "3xtf32_split+"). The SM90 kernel writes D with TMA, in 16-byte aligned rows: where
+// D's are not (N not a multiple of 4, or its address or row stride), it writes a padded copy
+// [M, N rounded up to 4] (B's extra rows zero), whose first N columns are then copied to D.
+void gemm_split_tf32(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d,
+                     const std::optional<at::Tensor>& bias, bool accumulate) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  const int64_t kp = k_major_extent(k), np = (n + 3) / 4 * 4;
-  const int64_t segments = split ? 3 : 1;
+  const int64_t kp = split_segment_k(k), np = (n + 3) / 4 * 4;
   const auto options = a.options().memory_format(at::MemoryFormat::Contiguous);
-  const at::Tensor a3 = at::empty({m, segments * kp}, options);
-  const at::Tensor b3 = at::empty({np, segments * kp}, options);
+  const at::Tensor a3 = at::empty({m, 3 * kp}, options);
+  const at::Tensor b3 = at::empty({np, 3 * kp}, options);
   if (np > n) b3.narrow(0, n, np - n).zero_();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
   const float* a_ptr = static_cast<const float*>(a.data_ptr());
   const float* b_ptr = static_cast<const float*>(b.data_ptr());
-  using kernels::Tf32OperandForm;
-  cudaError_t err = kernels::launch_tf32_operand(
-      a_ptr, m, k, a.stride(0), a.stride(1), static_cast<float*>(a3.data_ptr()), kp,
-      split ? Tf32OperandForm::kSplitA : Tf32OperandForm::kCopy, stream);
+  cudaError_t err = kernels::launch_split_tf32(a_ptr, m, k, a.stride(0), a.stride(1),
+                                               static_cast<float*>(a3.data_ptr()), kp,
+                                               kernels::kSplitPatternA, stream);
   if (err == cudaSuccess) {
     // Row r of b3 is column r of B: element (r, c) of the source is b[c, r].
-    err = kernels::launch_tf32_operand(
-        b_ptr, n, k, b.stride(1), b.stride(0), static_cast<float*>(b3.data_ptr()), kp,
-        split ? Tf32OperandForm::kSplitB : Tf32OperandForm::kCopy, stream);
+    err = kernels::launch_split_tf32(b_ptr, n, k, b.stride(1), b.stride(0),
+                                     static_cast<float*>(b3.data_ptr()), kp,
+                                     kernels::kSplitPatternB, stream);
   }
-  TORCH_CHECK(err == cudaSuccess, "cutlass_nn.", op, ": the K-major ",
-              split ? "3xTF32 operand split" : "TF32 operand copy", " failed for M=",
+  TORCH_CHECK(err == cudaSuccess, "cutlass_nn.", op, ": the 3xTF32 operand split failed for M=",
               std::to_string(m), " N=", std::to_string(n), " K=", std::to_string(k), ": ",
               cudaGetErrorString(err));
   const auto d_addr = reinterpret_cast<uintptr_t>(d.data_ptr());
   const bool d_fits = np == n && d_addr % 16 == 0 && (m <= 1 || d.stride(0) % 4 == 0);
   if (d_fits) {
-    gemm_impl(op, a3, b3.t(), d, bias, accumulate, /*allow_rewrite=*/false, split);
+    gemm_impl(op, a3, b3.t(), d, bias, accumulate, /*allow_rewrite=*/false,
+              /*split_operands=*/true);
   } else {
     at::Tensor dp = empty_row_major(d, m, np);
     if (accumulate) dp.narrow(1, 0, n).copy_(d);
     std::optional<at::Tensor> bias_p;
     if (bias.has_value()) bias_p = at::constant_pad_nd(bias->contiguous(), {0, np - n});
-    gemm_impl(op, a3, b3.t(), dp, bias_p, accumulate, /*allow_rewrite=*/false, split);
+    gemm_impl(op, a3, b3.t(), dp, bias_p, accumulate, /*allow_rewrite=*/false,
+              /*split_operands=*/true);
     d.copy_(dp.narrow(1, 0, n));
   }
-  g_last_kernel = intern(std::string(split ? "3xtf32_split+" : "kmajor+") + g_last_kernel.load());
+  g_last_kernel = intern(std::string("3xtf32_split+") + g_last_kernel.load());
 }
 
 void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d,
@@ -355,12 +340,9 @@ void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const a
     p.c = p.d;
     p.ldc = p.ldd;
   }
-  if (allow_rewrite) {
-    const Tf32Rewrite rewrite = wants_tf32_rewrite(p, m, k);
-    if (rewrite != Tf32Rewrite::kNone) {
-      gemm_tf32_k_major(op, a, b, d, bias, accumulate, rewrite == Tf32Rewrite::kSplit);
-      return;
-    }
+  if (allow_rewrite && wants_tf32_split(p, m, k)) {
+    gemm_split_tf32(op, a, b, d, bias, accumulate);
+    return;
   }
   if (allow_rewrite && wants_padding(p, m, k)) {
     // Misaligned K / N (or M for a column-major A): pad the contiguous extents to multiples of 8

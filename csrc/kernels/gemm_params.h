@@ -24,7 +24,7 @@ enum class Layout : int { kRowMajor = 0, kColumnMajor = 1 };
 enum class Fp32Math : int {
   kIeee = 0,  // full fp32 FMA (torch.get_float32_matmul_precision() == "highest")
   kTf32 = 1,  // TF32 tensor cores ("high" / "medium", allow_tf32 = True)
-  // The operands are the TF32 parts of a 3xTF32 split (tf32_operands.h): TF32 products, summed
+  // The operands are the TF32 parts of a 3xTF32 split (split_tf32.h): TF32 products, summed
   // with fp32 accuracy. On SM90 the kernel (config 16) adds WGMMA's partial sums into separate
   // fp32 registers every k-block, since WGMMA's own fp32 accumulation loses low-order bits.
   kTf32Split = 2,

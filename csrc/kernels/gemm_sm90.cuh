@@ -134,7 +134,7 @@ struct Sm90TileConfig<15> {
 };
 
 // 16: the 3xTF32 path of precision "highest" (operands split into TF32 parts by the binding,
-// tf32_operands.h). Every product of TF32 parts is exact in fp32, but WGMMA's fp32 accumulation is
+// split_tf32.h). Every product of TF32 parts is exact in fp32, but WGMMA's fp32 accumulation is
 // not IEEE round-to-nearest: one TF32 GEMM over the split operands measured 1.0e-5 relative error
 // against cuBLAS fp32's 2.2e-7 (4096^3, H200), its results biased toward zero. So the WGMMA
 // accumulator is restarted every kPromotionInterval MMAs (= every 32-deep k-block here) after its

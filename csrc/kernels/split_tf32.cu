@@ -1,7 +1,7 @@
-// The K-major operands of the float32 SM90 GEMMs: see tf32_operands.h.
+// The operand split of the 3xTF32 path: see split_tf32.h.
 #include <cstdint>
 
-#include "tf32_operands.h"
+#include "split_tf32.h"
 
 namespace cutlass_nn {
 namespace kernels {
@@ -26,13 +26,12 @@ constexpr int kTileCols = 32;
 constexpr int kThreads = 256;
 constexpr int kColGroups = kTileCols / 4;  // float4 column groups of a tile row
 
-// The parts of x for the K segments of a split (see tf32_operands.h): kSplitA puts the small part
-// in segment 2, kSplitB in segment 1.
+// The three parts of x for the K segments selected by `pattern` (see split_tf32.h).
 struct Parts {
   float seg[3];
 };
 
-__device__ __forceinline__ Parts split_one(float x, int small_segment) {
+__device__ __forceinline__ Parts split_one(float x, int pattern) {
   Parts p;
   if (!isfinite(x)) {
     // inf / NaN only in the big x big segment (0 elsewhere): the sum then has exactly the
@@ -47,19 +46,19 @@ __device__ __forceinline__ Parts split_one(float x, int small_segment) {
   if (!isfinite(big)) big = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
   const float small = round_to_tf32(x - big);
 #pragma unroll
-  for (int s = 0; s < 3; ++s) p.seg[s] = s == small_segment ? small : big;
+  for (int s = 0; s < 3; ++s) p.seg[s] = (pattern >> s) & 1 ? small : big;
   return p;
 }
 
 // One 32x32 tile of the logical [rows, kp] matrix per block, staged through shared memory so
 // that a transposed source is read along its contiguous dimension and dst is written along its
 // own: both coalesced whichever way src is laid out. Stores are 16-byte (4 consecutive columns
-// of one segment per thread; kp and the tile's first column are multiples of 4): a first version
-// stored one float per thread and ran at 2.9 TB/s (344 us for an 8192 x 8192 split on an H200,
-// 6% of a 3xTF32 GEMM of 8192^3). small_segment < 0: the plain copy (one segment).
+// of one segment per thread; kp and the tile's first column are multiples of 4): the first
+// version stored one float per thread and ran at 2.9 TB/s (344 us for an 8192 x 8192 operand on
+// an H200, 6% of a 3xTF32 GEMM of 8192^3).
 __global__ void __launch_bounds__(kThreads)
-    tf32_operand_kernel(const float* __restrict__ src, int64_t rows, int64_t k, int64_t s_row,
-                        int64_t s_col, float* __restrict__ dst, int64_t kp, int small_segment) {
+    split_tf32_kernel(const float* __restrict__ src, int64_t rows, int64_t k, int64_t s_row,
+                      int64_t s_col, float* __restrict__ dst, int64_t kp, int pattern) {
   __shared__ float tile[kTileRows][kTileCols + 1];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileRows;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
@@ -77,14 +76,9 @@ __global__ void __launch_bounds__(kThreads)
   const int i = t / kColGroups, j = (t % kColGroups) * 4;
   const int64_t r = r0 + i, c = c0 + j;
   if (r >= rows || c >= kp) return;
-  if (small_segment < 0) {
-    *reinterpret_cast<float4*>(dst + r * kp + c) =
-        make_float4(tile[i][j], tile[i][j + 1], tile[i][j + 2], tile[i][j + 3]);
-    return;
-  }
   Parts p[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) p[e] = split_one(tile[i][j + e], small_segment);
+  for (int e = 0; e < 4; ++e) p[e] = split_one(tile[i][j + e], pattern);
   float4* row = reinterpret_cast<float4*>(dst + r * 3 * kp + c);
   const int64_t seg = kp / 4;  // a segment's length in float4
 #pragma unroll
@@ -95,21 +89,18 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t launch_tf32_operand(const float* src, int64_t rows, int64_t k,
-                                int64_t src_row_stride, int64_t src_col_stride, float* dst,
-                                int64_t kp, Tf32OperandForm form, cudaStream_t stream) {
+cudaError_t launch_split_tf32(const float* src, int64_t rows, int64_t k, int64_t src_row_stride,
+                              int64_t src_col_stride, float* dst, int64_t kp, int pattern,
+                              cudaStream_t stream) {
   if (rows <= 0 || kp <= 0) return cudaSuccess;
   if (kp % 4 != 0 || reinterpret_cast<uintptr_t>(dst) % 16 != 0) return cudaErrorInvalidValue;
   const int64_t grid_x = (kp + kTileCols - 1) / kTileCols;
   const int64_t grid_y = (rows + kTileRows - 1) / kTileRows;
   if (grid_y > 65535 || grid_x > 2147483647) return cudaErrorInvalidConfiguration;
-  int small_segment = -1;
-  if (form == Tf32OperandForm::kSplitA) small_segment = 2;
-  if (form == Tf32OperandForm::kSplitB) small_segment = 1;
   const dim3 block(kTileCols, kThreads / kTileCols);
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
-  tf32_operand_kernel<<<grid, block, 0, stream>>>(src, rows, k, src_row_stride, src_col_stride,
-                                                  dst, kp, small_segment);
+  split_tf32_kernel<<<grid, block, 0, stream>>>(src, rows, k, src_row_stride, src_col_stride, dst,
+                                                kp, pattern);
   return cudaGetLastError();
 }
 
