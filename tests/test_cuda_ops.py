@@ -269,8 +269,9 @@ def test_bias_grad(shape, layout, dtype, gen):
 # add2
 # ---------------------------------------------------------------------------------------------
 
-# 5000011: more 16-byte packs than the grid has threads (2048 per SM), for every dtype, so the
-# vector kernel's threads run several grid-stride steps, not all the same number.
+# 5000011: more elements than the scalar kernel's grid has threads (2048 per SM), so on the
+# misaligned layouts its threads run several grid-stride steps, not all the same number; on the
+# aligned ones, a vector-kernel grid of thousands of blocks with a ragged last block and a tail.
 ADD2_SHAPES = {
     "0": (0,),
     "1": (1,),
