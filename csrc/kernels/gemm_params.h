@@ -26,7 +26,7 @@ enum class Fp32Math : int {
   kTf32 = 1,  // TF32 tensor cores ("high" / "medium", allow_tf32 = True)
   // The operands are the TF32 parts of a 3xTF32 split (split_tf32.h): TF32 products, summed
   // with fp32 accuracy. On SM90 the kernel (config 16) adds WGMMA's partial sums into separate
-  // fp32 registers every k-block, since WGMMA's own fp32 accumulation loses low-order bits.
+  // fp32 registers every 128 products, since WGMMA's own fp32 accumulation loses low-order bits.
   kTf32Split = 2,
 };
 

@@ -137,7 +137,7 @@ struct Sm90TileConfig<15> {
 // split_tf32.h). Every product of TF32 parts is exact in fp32, but WGMMA's fp32 accumulation is
 // not IEEE round-to-nearest: one TF32 GEMM over the split operands measured 1.0e-5 relative error
 // against cuBLAS fp32's 2.2e-7 (4096^3, H200), its results biased toward zero. So the WGMMA
-// accumulator is restarted every kPromotionInterval MMAs (= every 32-deep k-block here) after its
+// accumulator is restarted every kPromotionInterval MMAs (4 MMAs per 32-deep k-block) after its
 // partial sum is added, with ordinary fp32 adds, into a second register accumulator (CUTLASS's
 // promoting mainloop, written for FP8 but type-generic). Two accumulators per thread limit the
 // tile to 128x128 (64 + 64 registers per consumer thread). Each promotion first waits for every
