@@ -322,7 +322,7 @@ def test_misaligned_accumulation_padded(acc_dtype, gen):
 
 # float32 "highest": 3xTF32. On Hopper, problems of at least 2^26 multiply-adds run as one TF32
 # GEMM over operands split into TF32 parts, on the SM90 kernel that adds WGMMA's partial sums into
-# fp32 registers every k-block ("3xtf32_split+sm90_..._promoted"); smaller ones, other GPUs, and
+# fp32 registers every 128 products ("3xtf32_split+sm90_..._promoted"); smaller ones, other GPUs, and
 # the forced SM80 path run the SM80 3xTF32 kernels (mma.sync); SIMT fp32 where 3xTF32 cannot read
 # the operands.
 F32_SHAPES = {"aligned": (256, 384, 1024), "odd_k": (300, 388, 1001), "small": (64, 96, 80)}
