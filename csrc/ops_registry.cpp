@@ -1,8 +1,10 @@
 // The one place where every cutlass_nn operator schema is declared.
 //
-// Backends register implementations beside their kernels: csrc/cpu/ops_cpu.cpp (CPU, always
-// built) and csrc/cuda/ops_cuda.cu (CUDA, built when the CUDA flavor is compiled). Fake (meta)
-// implementations and autograd formulas are registered from Python in cutlass_nn/ops.py.
+// Each dispatch key registers its kernels beside them, one folder per key: csrc/cpu/ (CPU, always
+// built), csrc/cuda/ (CUDA, built when the CUDA flavor is compiled; the CPU flavor registers
+// csrc/cuda_unavailable.cpp's clear error instead), csrc/autograd/ (the backward formulas, every
+// backend) and csrc/autocast/ (AutocastCUDA / AutocastCPU). Only the fake (meta) implementations
+// for torch.compile are registered from Python, in cutlass_nn/ops.py.
 //
 // The Python builds (setup.py) make this file the module cutlass_nn._C; the CMake build for
 // LibTorch C++ users (csrc/CMakeLists.txt) defines CUTLASS_NN_NO_PYTHON and gets a plain shared

@@ -177,7 +177,12 @@ def extension_config(log: Log = log) -> ExtensionConfig:
     Raises :class:`BuildConfigError` when the build cannot be configured.
     """
     with_cuda, archs = choose_flavor(log)
-    sources = _sources("*.cpp", os.path.join("cpu", "*.cpp"))
+    sources = _sources(
+        "*.cpp",
+        os.path.join("cpu", "*.cpp"),
+        os.path.join("autograd", "*.cpp"),
+        os.path.join("autocast", "*.cpp"),
+    )
     defines = [
         # Python's limited API at CPython 3.10: the value torch's BuildExtension also adds (its
         # minimum), so the two definitions agree; the JIT build gets it from here alone.

@@ -11,6 +11,13 @@ from torch import Tensor
 
 from cutlass_nn import ops
 
+# The operator overloads themselves: a call is one dispatcher call (autocast, autograd and the
+# kernel all run in C++), and torch.compile traces them as the custom ops they are.
+_linear = torch.ops.cutlass_nn.linear.default
+_linear_act = torch.ops.cutlass_nn.linear_act.default
+_mm = torch.ops.cutlass_nn.mm.default
+_add2 = torch.ops.cutlass_nn.add2.default
+
 __all__ = ["linear", "mm", "add2"]
 
 
@@ -33,19 +40,14 @@ def linear(
     Returns:
         ``[*, out_features]`` in the dtype of ``input``. Differentiable (twice) in every
         argument; the backward runs the cutlass_nn activation-gradient / dgrad / wgrad /
-        bias-gradient operators. When gradients are needed the call runs ``linear_act_aux``,
-        which also keeps the pre-activation for the backward; otherwise ``linear_act``.
+        bias-gradient operators. One operator call: ``linear``, or ``linear_act``, whose
+        autograd kernel runs the fused GEMM that also keeps the pre-activation for the
+        backward when gradients are needed. Follows ``torch.autocast`` like ``F.linear``.
     """
     if activation is None or activation == "none":
-        return ops.linear(input, weight, bias)
-    needs_grad = torch.is_grad_enabled() and (
-        input.requires_grad
-        or weight.requires_grad
-        or (bias is not None and bias.requires_grad)
-    )
-    if needs_grad:
-        return ops.linear_act_aux(input, weight, bias, activation)[0]
-    return ops.linear_act(input, weight, bias, activation)
+        return _linear(input, weight, bias)
+    ops._check_activation_type("linear_act", activation)
+    return _linear_act(input, weight, bias, activation)
 
 
 def mm(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
@@ -63,7 +65,7 @@ def mm(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
         ``[n, p]``: a new tensor, or ``out``.
     """
     if out is None:
-        return ops.mm(a, b)
+        return _mm(a, b)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad):
         raise RuntimeError(
             "cutlass_nn.mm: functions with out=... arguments don't support automatic "
@@ -78,4 +80,4 @@ def add2(a: Tensor, b: Tensor) -> Tensor:
     Returns:
         A new tensor; differentiable in both arguments.
     """
-    return ops.add2(a, b)
+    return _add2(a, b)

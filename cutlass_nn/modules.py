@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from cutlass_nn import functional as F
 from cutlass_nn.ops import ACTIVATIONS
+
+_linear = torch.ops.cutlass_nn.linear.default
+_linear_act = torch.ops.cutlass_nn.linear_act.default
+_add2 = torch.ops.cutlass_nn.add2.default
 
 __all__ = ["CutlassLinear", "Add2"]
 
@@ -64,7 +69,11 @@ class CutlassLinear(nn.Linear):
         self.activation = act
 
     def forward(self, input: Tensor) -> Tensor:
-        return F.linear(input, self.weight, self.bias, activation=self.activation)
+        # One operator call (autocast, autograd and the kernel run in C++); with an activation,
+        # linear_act, whose autograd kernel keeps the pre-activation when it is needed.
+        if self.activation is None:
+            return _linear(input, self.weight, self.bias)
+        return _linear_act(input, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
@@ -117,5 +126,5 @@ class Add2(nn.Module):
     cutlass_nn kernels)."""
 
     def forward(self, a: Tensor, b: Tensor) -> Tensor:
-        return F.add2(a, b)
+        return _add2(a, b)
 

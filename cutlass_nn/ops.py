@@ -1,22 +1,12 @@
 """The ``torch.ops.cutlass_nn`` operators, as typed Python functions, with their fake (meta)
-implementations for ``torch.compile`` and their autograd formulas.
+implementations for ``torch.compile``.
 
-Every backward formula calls other registered cutlass_nn operators (never a Python expression
-that ATen's autograd would differentiate), so gradients run on cutlass_nn's own kernels, and
-double backward works too:
-
-* ``linear``: dX = ``linear_dgrad(dY, W)``, dW = ``linear_wgrad(dY, X)``, db = ``bias_grad(dY)``
-* ``linear_dgrad(g, W)``: dg = ``linear(dgX, W)``, dW = ``linear_wgrad(g, dgX)``
-* ``linear_wgrad(g, X)``: dg = ``linear(X, dgW)``, dX = ``linear_dgrad(g, dgW)``
-* ``mm(a, b)``: da = ``mm(dY, b.T)``, db = ``mm(a.T, dY)``
-* ``add2(a, b)``: da = db = dY
-* ``linear_act_aux(X, W, b, act) -> (Y, Z)``: dZ, db = ``activation_grad(dY, Z, act, True)``
-  (plus the incoming gradient of Z, if any: dZ = ``add2(dZ, dZ_in)``, db = ``bias_grad(dZ)``),
-  dX = ``linear_dgrad(dZ, W)``, dW = ``linear_wgrad(dZ, X)``
-* ``linear_act(X, W, b, act)``: Z = ``linear(X, W, b)`` recomputed, then as ``linear_act_aux``
-* ``activation_grad(g, Z, act, bias_grad) -> (dZ, db)``: with G = ddZ (+ ddb broadcast over the
-  leading dims), dg = ``activation_grad(G, Z, act, False)[0]``, dZ = ``G * g * act''(Z)`` -- the
-  one formula written with torch elementwise ops (it is only reached by second-order gradients)
+Everything else lives in C++ beside the kernels: the backward formulas (``csrc/autograd/``,
+one ``torch::autograd::Function`` per operator whose backward calls other cutlass_nn operators,
+so gradients -- and double backward -- run on cutlass_nn's kernels, from Python and LibTorch
+alike) and the autocast policy (``csrc/autocast/``: under ``torch.autocast``, ``linear``,
+``linear_act``, ``linear_act_aux`` and ``mm`` cast floating inputs other than float64 to the
+autocast dtype, as ``nn.Linear`` and ``torch.mm`` do). A wrapper here is one operator call.
 """
 
 from __future__ import annotations
@@ -37,66 +27,35 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")
 
 
-def _require_backend(op: str, t: Tensor) -> None:
-    """A CUDA tensor reaching a CPU-only build gets one clear line instead of a dispatcher dump."""
-    if t.device.type == "cuda" and not _extension.has_cuda_kernels():
-        raise RuntimeError(
-            f"cutlass_nn.{op}: got a tensor on {t.device}, but this cutlass_nn build has no CUDA "
-            "kernels (it was built as the CPU flavor). Rebuild with a CUDA build of torch and "
-            "CUDA_HOME pointing at a CUDA toolkit: `pip install --no-build-isolation -e .`"
-        )
-
-
-def _autocast(device_type: str, *tensors: Tensor | None) -> tuple[Tensor | None, ...]:
-    """Under ``torch.autocast`` cast floating inputs (not float64) to the autocast dtype, the
-    policy ``nn.Linear`` / ``torch.mm`` follow; the casts are differentiable, so gradients
-    reach float32 parameters in float32."""
-    if not torch.is_autocast_enabled(device_type):
-        return tensors
-    dtype = torch.get_autocast_dtype(device_type)
-    return tuple(
-        t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
-        for t in tensors
-    )
-
-
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias`` on cutlass_nn kernels; input [*, in], weight [out, in].
     Follows ``torch.autocast`` like ``nn.Linear``."""
-    _require_backend("linear", input)
-    input, weight, bias = _autocast(input.device.type, input, weight, bias)
     return _ops.linear.default(input, weight, bias)
 
 
 def linear_dgrad(grad_output: Tensor, weight: Tensor) -> Tensor:
     """``grad_output @ weight``: the input gradient of linear; [*, out] -> [*, in]."""
-    _require_backend("linear_dgrad", grad_output)
     return _ops.linear_dgrad.default(grad_output, weight)
 
 
 def linear_wgrad(grad_output: Tensor, input: Tensor) -> Tensor:
     """``grad_output^T @ input`` over all leading dims: the weight gradient of linear."""
-    _require_backend("linear_wgrad", grad_output)
     return _ops.linear_wgrad.default(grad_output, input)
 
 
 def linear_wgrad_accumulate_(grad_weight: Tensor, grad_output: Tensor, input: Tensor) -> None:
     """``grad_weight += grad_output^T @ input`` in place; ``grad_weight`` may be float32 while
     the inputs are 16-bit (an fp32 main gradient)."""
-    _require_backend("linear_wgrad_accumulate_", grad_output)
     _ops.linear_wgrad_accumulate_.default(grad_weight, grad_output, input)
 
 
 def bias_grad(grad_output: Tensor) -> Tensor:
     """``grad_output`` summed over every leading dim: the bias gradient of linear; -> [out]."""
-    _require_backend("bias_grad", grad_output)
     return _ops.bias_grad.default(grad_output)
 
 
 def mm(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b`` for 2-D tensors, like ``torch.mm`` (autocast included)."""
-    _require_backend("mm", a)
-    a, b = _autocast(a.device.type, a, b)
     return _ops.mm.default(a, b)
 
 
@@ -109,7 +68,6 @@ def mm_out(a: Tensor, b: Tensor, out: Tensor) -> Tensor:
 def _mm_out(a: Tensor, b: Tensor, out: Tensor, *, stacklevel: int) -> Tensor:
     """``mm_out``; ``stacklevel`` (of the resize warning, counted from here) names the user's
     frame: 3 from ``mm_out`` and from ``cutlass_nn.functional.mm``."""
-    _require_backend("mm.out", a)
     old_shape = tuple(out.shape)
     had_elements = out.numel() > 0
     _ops.mm.out(a, b, out=out)
@@ -127,7 +85,6 @@ def _mm_out(a: Tensor, b: Tensor, out: Tensor, *, stacklevel: int) -> Tensor:
 
 def add2(a: Tensor, b: Tensor) -> Tensor:
     """``a + b`` for tensors of the same shape, dtype and device."""
-    _require_backend("add2", a)
     return _ops.add2.default(a, b)
 
 
@@ -154,9 +111,7 @@ def linear_act(
     ``torch.autocast`` like ``linear``. Its backward recomputes the pre-activation; a forward
     that is to be differentiated should call :func:`linear_act_aux` (as
     ``cutlass_nn.functional.linear`` does)."""
-    _require_backend("linear_act", input)
     _check_activation_type("linear_act", activation)
-    input, weight, bias = _autocast(input.device.type, input, weight, bias)
     return _ops.linear_act.default(input, weight, bias, activation)
 
 
@@ -166,9 +121,7 @@ def linear_act_aux(
     """``(act(z), z)`` with the pre-activation ``z = input @ weight.T + bias``, both rounded once
     from the fp32 (float64) epilogue; ``z`` is what the backward needs. Follows
     ``torch.autocast`` like ``linear``."""
-    _require_backend("linear_act_aux", input)
     _check_activation_type("linear_act_aux", activation)
-    input, weight, bias = _autocast(input.device.type, input, weight, bias)
     return _ops.linear_act_aux.default(input, weight, bias, activation)
 
 
@@ -182,7 +135,6 @@ def activation_grad(
     Differentiable twice over: its own backward is ``activation_grad`` again for
     ``grad_output`` and, for ``preact``, ``G * grad_output * act''(preact)`` written with torch
     elementwise ops (second-order gradients only)."""
-    _require_backend("activation_grad", grad_output)
     _check_activation_type("activation_grad", activation)
     return _ops.activation_grad.default(grad_output, preact, activation, bias_grad)
 
@@ -385,208 +337,6 @@ def _add2_fake(a, b):
         f"argument 'b' must have the shape of 'a' {list(a.shape)}, got {list(b.shape)}",
     )
     return torch.empty_like(a)
-
-
-# ---------------------------------------------------------------------------------------------
-# Autograd
-# ---------------------------------------------------------------------------------------------
-
-
-def _linear_setup(ctx, inputs, output):
-    input, weight, bias = inputs
-    ctx.save_for_backward(input, weight)
-    ctx.has_bias = bias is not None
-
-
-def _linear_backward(ctx, grad):
-    input, weight = ctx.saved_tensors
-    # needs_input_grad has 2 entries, not 3, when the op was called without a bias (the
-    # dispatcher drops a trailing defaulted None), and the backward must return that many
-    needs = ctx.needs_input_grad
-    need_input, need_weight = needs[0], needs[1]
-    need_bias = len(needs) > 2 and needs[2]
-    grad_input = _ops.linear_dgrad.default(grad, weight) if need_input else None
-    grad_weight = _ops.linear_wgrad.default(grad, input) if need_weight else None
-    grad_bias = _ops.bias_grad.default(grad) if ctx.has_bias and need_bias else None
-    return (grad_input, grad_weight, grad_bias)[: len(needs)]
-
-
-def _save_both(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
-
-
-def _linear_dgrad_backward(ctx, grad):
-    # out = g @ W  =>  dg = grad @ W.T = linear(grad, W);  dW = g^T @ grad = wgrad(g, grad)
-    g, weight = ctx.saved_tensors
-    need_g, need_w = ctx.needs_input_grad
-    grad_g = _ops.linear.default(grad, weight, None) if need_g else None
-    grad_w = _ops.linear_wgrad.default(g, grad) if need_w else None
-    return grad_g, grad_w
-
-
-def _linear_wgrad_backward(ctx, grad):
-    # out = g^T @ X  =>  dg = X @ grad.T = linear(X, grad);  dX = g @ grad = dgrad(g, grad)
-    g, x = ctx.saved_tensors
-    need_g, need_x = ctx.needs_input_grad
-    grad_g = _ops.linear.default(x, grad, None) if need_g else None
-    grad_x = _ops.linear_dgrad.default(g, grad) if need_x else None
-    return grad_g, grad_x
-
-
-def _bias_grad_setup(ctx, inputs, output):
-    ctx.input_shape = inputs[0].shape
-
-
-def _bias_grad_backward(ctx, grad):
-    # out[j] = sum_i g[i, j]  =>  dg[i, j] = grad[j]: a broadcast view, no arithmetic
-    return grad.expand(ctx.input_shape)
-
-
-def _mm_backward(ctx, grad):
-    a, b = ctx.saved_tensors
-    need_a, need_b = ctx.needs_input_grad
-    grad_a = _ops.mm.default(grad, b.t()) if need_a else None
-    grad_b = _ops.mm.default(a.t(), grad) if need_b else None
-    return grad_a, grad_b
-
-
-def _add2_setup(ctx, inputs, output):
-    pass
-
-
-def _add2_backward(ctx, grad):
-    return grad, grad
-
-
-def _linear_act_aux_setup(ctx, inputs, output):
-    input, weight, bias, activation = inputs
-    ctx.save_for_backward(input, weight, output[1])
-    ctx.activation = activation
-    ctx.has_bias = bias is not None
-    # The pre-activation output is usually unused (its gradient would be a tensor of zeros): take
-    # None instead of materialized zeros.
-    ctx.set_materialize_grads(False)
-
-
-def _act_linear_backward(ctx, input, weight, preact, grad_out, grad_preact):
-    """Gradients of (act(z), z), z = input @ weight.T + bias, with incoming gradients grad_out
-    (of act(z)) and grad_preact (of z), either may be None; returns the 4 input gradients."""
-    needs = ctx.needs_input_grad
-    need_input, need_weight = needs[0], needs[1]
-    need_bias = ctx.has_bias and needs[2]
-    if grad_out is None and grad_preact is None:
-        return (None,) * len(needs)
-    grad_bias = None
-    if grad_out is None:
-        grad_z = grad_preact
-    else:
-        fuse_bias = need_bias and grad_preact is None
-        grad_z, db = _ops.activation_grad.default(grad_out, preact, ctx.activation, fuse_bias)
-        if fuse_bias:
-            grad_bias = db
-        if grad_preact is not None:
-            grad_z = _ops.add2.default(grad_z, grad_preact)
-    if need_bias and grad_bias is None:
-        grad_bias = _ops.bias_grad.default(grad_z)
-    grad_input = _ops.linear_dgrad.default(grad_z, weight) if need_input else None
-    grad_weight = _ops.linear_wgrad.default(grad_z, input) if need_weight else None
-    return (grad_input, grad_weight, grad_bias, None)[: len(needs)]
-
-
-def _linear_act_aux_backward(ctx, grad_out, grad_preact):
-    input, weight, preact = ctx.saved_tensors
-    return _act_linear_backward(ctx, input, weight, preact, grad_out, grad_preact)
-
-
-def _linear_act_setup(ctx, inputs, output):
-    input, weight, bias, activation = inputs
-    ctx.save_for_backward(input, weight, bias)
-    ctx.activation = activation
-    ctx.has_bias = bias is not None
-
-
-def _linear_act_backward(ctx, grad_out):
-    # linear_act keeps no pre-activation, so the backward recomputes it with the linear
-    # operator. cutlass_nn.functional.linear routes calls that need gradients to
-    # linear_act_aux instead; this path is for direct callers of the raw operator.
-    input, weight, bias = ctx.saved_tensors
-    preact = _ops.linear.default(input, weight, bias)
-    return _act_linear_backward(ctx, input, weight, preact, grad_out, None)
-
-
-def _activation_grad_setup(ctx, inputs, output):
-    grad_output, preact, activation, bias_grad = inputs
-    ctx.save_for_backward(grad_output, preact)
-    ctx.activation = activation
-    ctx.bias_grad = bias_grad
-    ctx.set_materialize_grads(False)
-
-
-def _activation_second_derivative(activation: str, z: Tensor) -> Tensor:
-    """act''(z) in the compute dtype (float32, float64 for float64 z), with torch ops."""
-    z = z.to(torch.float64 if z.dtype == torch.float64 else torch.float32)
-    if activation == "gelu":
-        # act = z Phi(z): act'' = 2 phi(z) - z^2 phi(z)
-        phi = torch.exp(-0.5 * z * z) * 0.3989422804014327  # 1 / sqrt(2 pi)
-        return phi * (2.0 - z * z)
-    if activation == "gelu_tanh":
-        # act = z (1 + t) / 2, t = tanh(u), u = c (z + k z^3):
-        # act'' = (1 - t^2) (u' - z t u'^2 + z u'' / 2), u' = c (1 + 3 k z^2), u'' = 6 c k z
-        c, k = 0.7978845608028654, 0.044715
-        t = torch.tanh(c * (z + k * z * z * z))
-        du = c * (1.0 + 3.0 * k * z * z)
-        ddu = 6.0 * c * k * z
-        return (1.0 - t * t) * (du - z * t * du * du + 0.5 * z * ddu)
-    return torch.zeros_like(z)  # "none", "relu" (0 almost everywhere)
-
-
-def _activation_grad_backward(ctx, grad_grad_preact, grad_grad_bias):
-    # out = g * act'(z), bias = sum over the leading dims of out. With G the total gradient
-    # of out (its own plus the bias's, broadcast): dg = G * act'(z), dz = G * g * act''(z).
-    grad_output, preact = ctx.saved_tensors
-    need_g, need_z = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    big_g = grad_grad_preact
-    if ctx.bias_grad and grad_grad_bias is not None:
-        expanded = grad_grad_bias.expand(preact.shape)
-        big_g = expanded if big_g is None else _ops.add2.default(big_g.contiguous(), expanded)
-    if big_g is None:
-        return None, None, None, None
-    grad_g = (
-        _ops.activation_grad.default(big_g, preact, ctx.activation, False)[0] if need_g else None
-    )
-    grad_z = None
-    if need_z:
-        if ctx.activation in ("none", "relu"):
-            grad_z = None  # act'' = 0 (almost everywhere, for relu)
-        else:
-            second = _activation_second_derivative(ctx.activation, preact)
-            grad_z = (big_g.to(second.dtype) * grad_output.to(second.dtype) * second).to(
-                preact.dtype
-            )
-    return grad_g, grad_z, None, None
-
-
-torch.library.register_autograd("cutlass_nn::linear", _linear_backward, setup_context=_linear_setup)
-torch.library.register_autograd(
-    "cutlass_nn::linear_act", _linear_act_backward, setup_context=_linear_act_setup
-)
-torch.library.register_autograd(
-    "cutlass_nn::linear_act_aux", _linear_act_aux_backward, setup_context=_linear_act_aux_setup
-)
-torch.library.register_autograd(
-    "cutlass_nn::activation_grad", _activation_grad_backward, setup_context=_activation_grad_setup
-)
-torch.library.register_autograd(
-    "cutlass_nn::linear_dgrad", _linear_dgrad_backward, setup_context=_save_both
-)
-torch.library.register_autograd(
-    "cutlass_nn::linear_wgrad", _linear_wgrad_backward, setup_context=_save_both
-)
-torch.library.register_autograd(
-    "cutlass_nn::bias_grad", _bias_grad_backward, setup_context=_bias_grad_setup
-)
-torch.library.register_autograd("cutlass_nn::mm", _mm_backward, setup_context=_save_both)
-torch.library.register_autograd("cutlass_nn::add2", _add2_backward, setup_context=_add2_setup)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -149,10 +149,19 @@ def test_16bit_outputs_are_rounded_once_from_float(act, dtype):
         assert (twice != expect)[normal].float().mean().item() > 2 * mismatches
 
 
+def _ops_called(fn) -> list[str]:
+    """Names of the cutlass_nn operators that ``fn()`` ran, in order (CPU profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.name for e in prof.events() if e.name.startswith("cutlass_nn::")]
+
+
 @pytest.mark.parametrize("act", ACTS)
 def test_functional_linear_dispatch(act):
-    """functional.linear: plain linear for None / "none"; linear_act without gradients,
-    linear_act_aux with them; the same values either way."""
+    """functional.linear: plain linear for None / "none", else one linear_act call; when that
+    records an autograd node, the node's forward runs the fused linear_act_aux (keeping the
+    pre-activation) and the backward reuses it instead of recomputing the GEMM; the same values
+    either way."""
     x, w, b = linear_case("3d_bias", torch.float32)
     plain = ops.linear(x, w, b)
     torch.testing.assert_close(CF.linear(x, w, b), plain, rtol=0, atol=0)
@@ -161,13 +170,22 @@ def test_functional_linear_dispatch(act):
     assert y.grad_fn is None
     torch.testing.assert_close(y, ops.linear_act(x, w, b, act), rtol=0, atol=0)
     wg = w.clone().requires_grad_()
+    called = _ops_called(lambda: CF.linear(x, wg, b, activation=act))
+    if act == "none":
+        assert called == ["cutlass_nn::linear"], called
+        return
+    assert called == ["cutlass_nn::linear_act", "cutlass_nn::linear_act_aux"], called
     yg = CF.linear(x, wg, b, activation=act)
-    assert yg.grad_fn is not None
+    assert yg.grad_fn is not None and "LinearActFunction" in yg.grad_fn.name()
     torch.testing.assert_close(yg.detach(), y, rtol=0, atol=0)
-    if act != "none":
-        assert "LinearActAux" in type(yg.grad_fn).__name__ or "linear_act_aux" in str(yg.grad_fn)
+    called = _ops_called(lambda: yg.sum().backward())
+    assert "cutlass_nn::linear" not in called, called  # no recomputed pre-activation
+    assert "cutlass_nn::linear_wgrad" in called and "cutlass_nn::activation_grad" in called
     with torch.no_grad():
         assert CF.linear(x, wg, b, activation=act).grad_fn is None
+        assert _ops_called(lambda: CF.linear(x, wg, b, activation=act)) == [
+            "cutlass_nn::linear_act"
+        ]
 
 
 def test_relu_special_values_follow_torch():

@@ -155,10 +155,19 @@ void set_device_for_tma(const char* op, const at::Tensor& a) {
   // The SM90 kernels build TMA descriptors with the driver API (cuTensorMapEncodeTiled), which
   // needs a current context on this thread. Autograd's worker threads may not have one yet
   // (CUDA_ERROR_INVALID_CONTEXT, then a crash, was seen there); cudaSetDevice makes the
-  // device's primary context current (CUDA >= 12) and is legal during graph capture.
-  const cudaError_t set_device = cudaSetDevice(a.get_device());
+  // device's primary context current (CUDA >= 12) and is legal during graph capture. It is
+  // called once per thread and device: afterwards the context stays current until the thread
+  // switches devices, which cudaGetDevice (cheap, no driver call) then shows.
+  thread_local int context_device = -1;
+  const int device = a.get_device();
+  int current = -1;
+  if (context_device == device && cudaGetDevice(&current) == cudaSuccess && current == device) {
+    return;
+  }
+  const cudaError_t set_device = cudaSetDevice(device);
   TORCH_CHECK(set_device == cudaSuccess, "cutlass_nn.", op, ": cudaSetDevice(",
-              std::to_string(a.get_device()), ") failed: ", cudaGetErrorString(set_device));
+              std::to_string(device), ") failed: ", cudaGetErrorString(set_device));
+  context_device = device;
 }
 
 // The GemmParams of D = A @ B for operands already in kernel form (no pointers for the slabs

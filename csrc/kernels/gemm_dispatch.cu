@@ -16,8 +16,11 @@
 //                     f64 DMMA: 1).
 //   3. kSm80Simt      fp32 (IEEE, or TF32 requested but nothing tensor-op fits).
 //   4. kFallback      any alignment / layout (A ColumnMajor with B ColumnMajor excepted).
+#include <array>
 #include <climits>
 #include <cstdint>
+#include <cstring>
+#include <unordered_map>
 
 #include "gemm_params.h"
 #include "gemm_registry.h"
@@ -321,9 +324,10 @@ GemmPlan finish_plan(const GemmParams& p, const KernelEntry* e) {
 
 }  // namespace
 
-GemmPlan plan_gemm(const GemmParams& params) {
-  GemmParams p = normalize(params);
-  p.d_column_major = false;  // the dispatcher's own flag
+namespace {
+
+// The selection itself, for normalized params p (d_column_major false).
+GemmPlan plan_normalized(GemmParams p) {
   const Sm90Choice c = resolve_sm90(p);
   if (c.config < 0) return finish_plan(p, nullptr);  // a fused epilogue with no kernel here
   p.sm90_config = c.config;
@@ -351,6 +355,106 @@ GemmPlan plan_gemm(const GemmParams& params) {
     }
   }
   return finish_plan(p, e);
+}
+
+// ---- the plan cache ---------------------------------------------------------------------------
+// A model calls the same few GEMM problems over and over; the plan (kernel, configuration, whether
+// the problem runs transposed, workspace size) depends on everything in the params except the
+// pointer values, of which only the alignment (address mod 16) and null-ness matter. Each thread
+// keeps its own cache (no lock on the hot path; autograd's backward runs on its own thread).
+
+using PlanKey = std::array<int64_t, 28>;
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& key) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the 64-bit words
+    for (int64_t v : key) {
+      h ^= static_cast<uint64_t>(v);
+      h *= 1099511628211ull;
+    }
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+struct CachedPlan {
+  const KernelEntry* kernel;
+  bool transposed;  // the plan runs D^T = B^T A^T
+  int sm90_config, swizzle, splits;
+  size_t workspace_bytes;
+};
+
+int64_t pointer_class(const void* ptr) {
+  if (ptr == nullptr) return 16;
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr) & 15u);
+}
+
+int64_t float_bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+PlanKey plan_key(const GemmParams& p) {
+  return PlanKey{p.m,
+                 p.n,
+                 p.k,
+                 p.lda,
+                 p.ldb,
+                 p.ldc,
+                 p.ldd,
+                 p.ldaux,
+                 static_cast<int64_t>(p.layout_a),
+                 static_cast<int64_t>(p.layout_b),
+                 p.c_row_broadcast,
+                 float_bits(p.alpha),
+                 float_bits(p.beta),
+                 static_cast<int64_t>(p.dtype_ab),
+                 static_cast<int64_t>(p.dtype_cd),
+                 static_cast<int64_t>(p.fp32_math),
+                 static_cast<int64_t>(p.arch_path),
+                 p.sm,
+                 p.multiprocessors,
+                 static_cast<int64_t>(p.activation),
+                 p.sm90_config,
+                 p.swizzle,
+                 p.splits,
+                 pointer_class(p.a),
+                 pointer_class(p.b),
+                 pointer_class(p.c) | (p.c == p.d ? 32 : 0),
+                 pointer_class(p.d),
+                 pointer_class(p.aux)};
+}
+
+constexpr size_t kPlanCacheCapacity = 4096;  // entries per thread; the cache restarts when full
+
+}  // namespace
+
+GemmPlan plan_gemm(const GemmParams& params) {
+  GemmParams p = normalize(params);
+  p.d_column_major = false;  // the dispatcher's own flag
+  thread_local std::unordered_map<PlanKey, CachedPlan, PlanKeyHash> cache;
+  const PlanKey key = plan_key(p);
+  const auto hit = cache.find(key);
+  if (hit != cache.end()) {
+    const CachedPlan& c = hit->second;
+    p.sm90_config = c.sm90_config;
+    p.swizzle = c.swizzle;
+    p.splits = c.splits;
+    GemmPlan plan;
+    plan.params = c.transposed ? transposed(p) : p;
+    plan.kernel = c.kernel;
+    plan.name = c.kernel != nullptr ? c.kernel->name : "";
+    plan.workspace_bytes = c.workspace_bytes;
+    return plan;
+  }
+  GemmPlan plan = plan_normalized(p);
+  if (cache.size() >= kPlanCacheCapacity) cache.clear();
+  const bool is_transposed = plan.params.d_column_major;
+  // The transposed problem keeps the configuration fields of the problem it came from.
+  cache.emplace(key, CachedPlan{static_cast<const KernelEntry*>(plan.kernel), is_transposed,
+                                plan.params.sm90_config, plan.params.swizzle, plan.params.splits,
+                                plan.workspace_bytes});
+  return plan;
 }
 
 const char* gemm_status_string(GemmStatus status) {

@@ -394,8 +394,8 @@ struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Con
   static GemmStatus launch(const GemmParams& p, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, const char** detail, size_t* workspace_query) {
     typename Op::Gemm::Arguments args = Op::make_arguments(p);
-    return detail::run_cutlass<typename Op::Gemm>(args, workspace, workspace_bytes, stream, detail,
-                                                  workspace_query);
+    return detail::run_cutlass3<typename Op::Gemm>(args, workspace, workspace_bytes, stream,
+                                                   detail, workspace_query);
   }
 };
 

@@ -16,47 +16,106 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 namespace cutlass_nn {
+
+namespace detail {
+// The typed handle of operator cutlass_nn::<name>, looked up once per call site.
+template <class Signature>
+c10::TypedOperatorHandle<Signature> find_op(const char* name, const char* overload = "") {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload).typed<Signature>();
+}
+}  // namespace detail
+
+// Every call below goes through the whole dispatcher: autocast (torch::autocast / AMP), autograd
+// (the operators' backward is registered in C++, so loss.backward() works from LibTorch too) and
+// the CPU or CUDA kernel.
 
 // y = input @ weight.T + bias; input [*, in], weight [out, in], bias [out] -> y [*, out]
 // (torch::nn::functional::linear / torch::linear).
 inline at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
                          const std::optional<at::Tensor>& bias = std::nullopt) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("cutlass_nn::linear", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
-                            const std::optional<at::Tensor>&)>();
+  static const auto op = detail::find_op<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                                    const std::optional<at::Tensor>&)>(
+      "cutlass_nn::linear");
   return op.call(input, weight, bias);
 }
 
 // y = act(input @ weight.T + bias) with the activation fused into the GEMM epilogue where the
-// GPU allows; activation: "none", "relu", "gelu", "gelu_tanh" (forward only: the C++ API does
-// not register autograd).
+// GPU allows; activation: "none", "relu", "gelu", "gelu_tanh".
 inline at::Tensor linear_act(const at::Tensor& input, const at::Tensor& weight,
-                             const std::optional<at::Tensor>& bias, const std::string& activation) {
+                             const std::optional<at::Tensor>& bias, c10::string_view activation) {
   static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("cutlass_nn::linear_act", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
-                            const std::optional<at::Tensor>&, c10::string_view)>();
+      detail::find_op<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                 const std::optional<at::Tensor>&, c10::string_view)>(
+          "cutlass_nn::linear_act");
   return op.call(input, weight, bias, activation);
+}
+
+// (act(z), z) with the pre-activation z = input @ weight.T + bias.
+inline std::tuple<at::Tensor, at::Tensor> linear_act_aux(const at::Tensor& input,
+                                                         const at::Tensor& weight,
+                                                         const std::optional<at::Tensor>& bias,
+                                                         c10::string_view activation) {
+  static const auto op = detail::find_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view)>(
+      "cutlass_nn::linear_act_aux");
+  return op.call(input, weight, bias, activation);
+}
+
+// grad_input = grad_output @ weight; [*, out] x [out, in] -> [*, in].
+inline at::Tensor linear_dgrad(const at::Tensor& grad_output, const at::Tensor& weight) {
+  static const auto op = detail::find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>(
+      "cutlass_nn::linear_dgrad");
+  return op.call(grad_output, weight);
+}
+
+// grad_weight = grad_output^T @ input over all leading dims; -> [out, in].
+inline at::Tensor linear_wgrad(const at::Tensor& grad_output, const at::Tensor& input) {
+  static const auto op = detail::find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>(
+      "cutlass_nn::linear_wgrad");
+  return op.call(grad_output, input);
+}
+
+// grad_weight += grad_output^T @ input, in place (grad_weight may be float32 for 16-bit inputs).
+inline void linear_wgrad_accumulate_(const at::Tensor& grad_weight, const at::Tensor& grad_output,
+                                     const at::Tensor& input) {
+  static const auto op =
+      detail::find_op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+          "cutlass_nn::linear_wgrad_accumulate_");
+  op.call(grad_weight, grad_output, input);
+}
+
+// grad_bias = grad_output summed over all leading dims; [*, out] -> [out].
+inline at::Tensor bias_grad(const at::Tensor& grad_output) {
+  static const auto op =
+      detail::find_op<at::Tensor(const at::Tensor&)>("cutlass_nn::bias_grad");
+  return op.call(grad_output);
+}
+
+// (grad_output * act'(preact), bias gradient or an empty [0] tensor).
+inline std::tuple<at::Tensor, at::Tensor> activation_grad(const at::Tensor& grad_output,
+                                                          const at::Tensor& preact,
+                                                          c10::string_view activation,
+                                                          bool bias_grad) {
+  static const auto op = detail::find_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, c10::string_view, bool)>(
+      "cutlass_nn::activation_grad");
+  return op.call(grad_output, preact, activation, bias_grad);
 }
 
 // a @ b for 2-D a [n, m], b [m, p] (torch::mm).
 inline at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("cutlass_nn::mm", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  static const auto op =
+      detail::find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("cutlass_nn::mm");
   return op.call(a, b);
 }
 
 // a + b for tensors of the same shape, dtype and device.
 inline at::Tensor add2(const at::Tensor& a, const at::Tensor& b) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("cutlass_nn::add2", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  static const auto op =
+      detail::find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("cutlass_nn::add2");
   return op.call(a, b);
 }
 

@@ -1,0 +1,407 @@
+// Autograd of the cutlass_nn operators, in C++ (the Autograd dispatch key, for every backend).
+//
+// One torch::autograd::Function per differentiable operator pairs its forward kernel with its
+// backward kernels; every backward formula calls other cutlass_nn operators through the
+// dispatcher, so gradients run on cutlass_nn's kernels, LibTorch programs get backward too, and
+// double backward composes: with create_graph the backward's own calls record their nodes, and
+// without it (grad mode off inside backward) they run below autograd and record nothing.
+//
+//   linear(X, W, b)           dX = linear_dgrad(dY, W), dW = linear_wgrad(dY, X), db = bias_grad(dY)
+//   linear_dgrad(g, W)        dg = linear(G, W), dW = linear_wgrad(g, G)
+//   linear_wgrad(g, X)        dg = linear(X, G), dX = linear_dgrad(g, G)
+//   bias_grad(g)              dg = G broadcast over g's leading dims (a view)
+//   mm(a, b)                  da = mm(G, b^T), db = mm(a^T, G)
+//   add2(a, b)                da = db = G
+//   linear_act_aux(X, W, b)   -> (Y, Z): dZ, db = activation_grad(dY, Z, act, true) (plus the
+//                             incoming gradient of Z, if any), dX, dW from dZ as for linear
+//   linear_act(X, W, b)       as linear_act_aux; when it records a node, the forward runs
+//                             linear_act_aux below autograd and keeps Z for the backward
+//   activation_grad(g, Z)     with G the total gradient of its output: dg = activation_grad(G,
+//                             Z, act, false), dZ = G * g * act''(Z) (torch elementwise ops; only
+//                             second-order gradients reach it)
+//
+// The operators without an autograd formula (linear_wgrad_accumulate_, mm.out) keep torch's
+// default for custom operators.
+//
+// A call that records no node (grad mode off, or no input requires grad) goes straight to the
+// kernel below autograd, so inference and the backward's own calls pay for no Function object.
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+
+#include "../include/cutlass_nn/ops.h"
+
+namespace cutlass_nn {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
+
+bool needs_grad(const std::optional<at::Tensor>& t) { return t.has_value() && needs_grad(*t); }
+
+// Whether a call with these inputs records an autograd node.
+template <class... Ts>
+bool records_node(const Ts&... inputs) {
+  return at::GradMode::is_enabled() && (needs_grad(inputs) || ...);
+}
+
+at::Tensor undefined() { return at::Tensor(); }
+
+// linear's gradients from the output gradient dZ of z = X W^T + b.
+void linear_input_grads(AutogradContext* ctx, const at::Tensor& grad_z, const at::Tensor& input,
+                        const at::Tensor& weight, bool has_bias, variable_list& grads) {
+  if (ctx->needs_input_grad(0)) grads[0] = cutlass_nn::linear_dgrad(grad_z, weight);
+  if (ctx->needs_input_grad(1)) grads[1] = cutlass_nn::linear_wgrad(grad_z, input);
+  if (has_bias && !grads[2].defined() && ctx->needs_input_grad(2)) {
+    grads[2] = cutlass_nn::bias_grad(grad_z);
+  }
+}
+
+class LinearFunction : public torch::autograd::Function<LinearFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+    ctx->save_for_backward({input, weight});
+    ctx->saved_data["has_bias"] = bias.has_value();
+    at::AutoDispatchBelowADInplaceOrView below;
+    return {cutlass_nn::linear(input, weight, bias)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    const auto saved = ctx->get_saved_variables();
+    variable_list grads(3);
+    linear_input_grads(ctx, grads_out[0], saved[0], saved[1],
+                       ctx->saved_data["has_bias"].toBool(), grads);
+    return grads;
+  }
+};
+
+class LinearDgradFunction : public torch::autograd::Function<LinearDgradFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& grad_output,
+                               const at::Tensor& weight) {
+    ctx->save_for_backward({grad_output, weight});
+    at::AutoDispatchBelowADInplaceOrView below;
+    return {cutlass_nn::linear_dgrad(grad_output, weight)};
+  }
+
+  // out = g @ W  =>  dg = G @ W^T = linear(G, W);  dW = g^T @ G = linear_wgrad(g, G)
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& grad = grads_out[0];
+    return {ctx->needs_input_grad(0) ? cutlass_nn::linear(grad, saved[1]) : undefined(),
+            ctx->needs_input_grad(1) ? cutlass_nn::linear_wgrad(saved[0], grad) : undefined()};
+  }
+};
+
+class LinearWgradFunction : public torch::autograd::Function<LinearWgradFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& grad_output,
+                               const at::Tensor& input) {
+    ctx->save_for_backward({grad_output, input});
+    at::AutoDispatchBelowADInplaceOrView below;
+    return {cutlass_nn::linear_wgrad(grad_output, input)};
+  }
+
+  // out = g^T @ X  =>  dg = X @ G^T = linear(X, G);  dX = g @ G = linear_dgrad(g, G)
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& grad = grads_out[0];
+    return {ctx->needs_input_grad(0) ? cutlass_nn::linear(saved[1], grad) : undefined(),
+            ctx->needs_input_grad(1) ? cutlass_nn::linear_dgrad(saved[0], grad) : undefined()};
+  }
+};
+
+class BiasGradFunction : public torch::autograd::Function<BiasGradFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& grad_output) {
+    // sym_sizes: under torch.compile(dynamic=True) the sizes are symbolic.
+    ctx->saved_data["shape"] = c10::IValue(grad_output.sym_sizes());
+    at::AutoDispatchBelowADInplaceOrView below;
+    return {cutlass_nn::bias_grad(grad_output)};
+  }
+
+  // out[j] = sum_i g[i, j]  =>  dg[i, j] = G[j]: a broadcast view, no arithmetic
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    const auto shape = ctx->saved_data["shape"].toSymIntVector();
+    return {grads_out[0].expand_symint(shape)};
+  }
+};
+
+class MmFunction : public torch::autograd::Function<MmFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    ctx->save_for_backward({a, b});
+    at::AutoDispatchBelowADInplaceOrView below;
+    return {cutlass_nn::mm(a, b)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& grad = grads_out[0];
+    return {ctx->needs_input_grad(0) ? cutlass_nn::mm(grad, saved[1].t()) : undefined(),
+            ctx->needs_input_grad(1) ? cutlass_nn::mm(saved[0].t(), grad) : undefined()};
+  }
+};
+
+class Add2Function : public torch::autograd::Function<Add2Function> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return {cutlass_nn::add2(a, b)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    return {grads_out[0], grads_out[0]};
+  }
+};
+
+// Gradients of (act(z), z), z = input @ weight.T + bias, for incoming gradients grad_out (of
+// act(z)) and grad_preact (of z), either of which may be undefined; grads has 4 slots.
+variable_list act_linear_backward(AutogradContext* ctx, const at::Tensor& input,
+                                  const at::Tensor& weight, const at::Tensor& preact,
+                                  const at::Tensor& grad_out, const at::Tensor& grad_preact) {
+  variable_list grads(4);
+  if (!grad_out.defined() && !grad_preact.defined()) return grads;
+  const bool has_bias = ctx->saved_data["has_bias"].toBool();
+  const bool need_bias = has_bias && ctx->needs_input_grad(2);
+  at::Tensor grad_z;
+  if (!grad_out.defined()) {
+    grad_z = grad_preact;
+  } else {
+    // The bias gradient comes out of the activation-gradient pass when nothing else adds to dZ.
+    const bool fuse_bias = need_bias && !grad_preact.defined();
+    auto [dz, db] = cutlass_nn::activation_grad(grad_out, preact,
+                                                ctx->saved_data["activation"].toStringRef(),
+                                                fuse_bias);
+    grad_z = grad_preact.defined() ? cutlass_nn::add2(dz, grad_preact) : dz;
+    if (fuse_bias) grads[2] = db;
+  }
+  linear_input_grads(ctx, grad_z, input, weight, has_bias, grads);
+  return grads;
+}
+
+class LinearActAuxFunction : public torch::autograd::Function<LinearActAuxFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                               c10::string_view activation) {
+    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["activation"] = std::string(activation);
+    // The pre-activation output is usually unused (its gradient would be zeros): undefined
+    // gradients reach the backward instead of materialized zeros.
+    ctx->set_materialize_grads(false);
+    at::Tensor out, preact;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(out, preact) = cutlass_nn::linear_act_aux(input, weight, bias, activation);
+    }
+    ctx->save_for_backward({input, weight, preact});  // preact: saved as an output
+    return {out, preact};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    const auto saved = ctx->get_saved_variables();
+    return act_linear_backward(ctx, saved[0], saved[1], saved[2], grads_out[0], grads_out[1]);
+  }
+};
+
+class LinearActFunction : public torch::autograd::Function<LinearActFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                               c10::string_view activation) {
+    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["activation"] = std::string(activation);
+    // One fused GEMM that also stores the pre-activation z, which the backward needs.
+    at::Tensor out, preact;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(out, preact) = cutlass_nn::linear_act_aux(input, weight, bias, activation);
+    }
+    ctx->save_for_backward({input, weight, bias.has_value() ? *bias : at::Tensor(), preact});
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor preact = saved[3];
+    if (at::GradMode::is_enabled()) {
+      // create_graph: the saved z has no history; recompute it with the (differentiable)
+      // linear operator so that second-order gradients flow through it.
+      preact = cutlass_nn::linear(saved[0], saved[1],
+                                  saved[2].defined() ? std::optional<at::Tensor>(saved[2])
+                                                     : std::nullopt);
+    }
+    return act_linear_backward(ctx, saved[0], saved[1], preact, grads_out[0], at::Tensor());
+  }
+};
+
+// act''(z) in the compute dtype (float32, float64 for float64 z), with torch ops.
+at::Tensor activation_second_derivative(const std::string& activation, const at::Tensor& preact) {
+  const at::Tensor z =
+      preact.to(preact.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  if (activation == "gelu") {
+    // act = z Phi(z): act'' = phi(z) (2 - z^2), phi(z) = exp(-z^2 / 2) / sqrt(2 pi)
+    const at::Tensor phi = at::exp(-0.5 * z * z) * 0.3989422804014327;
+    return phi * (2.0 - z * z);
+  }
+  if (activation == "gelu_tanh") {
+    // act = z (1 + t) / 2, t = tanh(u), u = c (z + k z^3):
+    // act'' = (1 - t^2) (u' - z t u'^2 + z u'' / 2), u' = c (1 + 3 k z^2), u'' = 6 c k z
+    constexpr double c = 0.7978845608028654, k = 0.044715;
+    const at::Tensor t = at::tanh(c * (z + k * z * z * z));
+    const at::Tensor du = c * (1.0 + 3.0 * k * z * z);
+    const at::Tensor ddu = 6.0 * c * k * z;
+    return (1.0 - t * t) * (du - z * t * du * du + 0.5 * z * ddu);
+  }
+  return at::zeros_like(z);  // "none", "relu" (0 almost everywhere)
+}
+
+class ActivationGradFunction : public torch::autograd::Function<ActivationGradFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& grad_output,
+                               const at::Tensor& preact, c10::string_view activation,
+                               bool bias_grad) {
+    ctx->save_for_backward({grad_output, preact});
+    ctx->saved_data["activation"] = std::string(activation);
+    ctx->saved_data["bias_grad"] = bias_grad;
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [grad_preact, grad_bias] =
+        cutlass_nn::activation_grad(grad_output, preact, activation, bias_grad);
+    return {grad_preact, grad_bias};
+  }
+
+  // out = g * act'(z), bias = sum over the leading dims of out. With G the total gradient of
+  // out (its own plus the bias's, broadcast): dg = G * act'(z), dz = G * g * act''(z).
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& grad_output = saved[0];
+    const at::Tensor& preact = saved[1];
+    const std::string activation = ctx->saved_data["activation"].toStringRef();
+    at::Tensor big_g = grads_out[0];
+    if (ctx->saved_data["bias_grad"].toBool() && grads_out[1].defined()) {
+      const at::Tensor expanded = grads_out[1].expand_symint(preact.sym_sizes());
+      big_g = big_g.defined() ? cutlass_nn::add2(big_g.contiguous(), expanded.contiguous())
+                              : expanded;
+    }
+    variable_list grads(4);
+    if (!big_g.defined()) return grads;
+    if (ctx->needs_input_grad(0)) {
+      grads[0] = std::get<0>(cutlass_nn::activation_grad(big_g, preact, activation, false));
+    }
+    if (ctx->needs_input_grad(1) && activation != "none" && activation != "relu") {
+      const at::Tensor second = activation_second_derivative(activation, preact);
+      grads[1] = (big_g.to(second.scalar_type()) * grad_output.to(second.scalar_type()) * second)
+                     .to(preact.scalar_type());
+    }
+    return grads;
+  }
+};
+
+// ---- the Autograd-key kernels: record a node only when one is needed -----------------------
+
+at::Tensor linear_autograd(const at::Tensor& input, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias) {
+  if (!records_node(input, weight, bias)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return cutlass_nn::linear(input, weight, bias);
+  }
+  return LinearFunction::apply(input, weight, bias)[0];
+}
+
+at::Tensor linear_dgrad_autograd(const at::Tensor& grad_output, const at::Tensor& weight) {
+  if (!records_node(grad_output, weight)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return cutlass_nn::linear_dgrad(grad_output, weight);
+  }
+  return LinearDgradFunction::apply(grad_output, weight)[0];
+}
+
+at::Tensor linear_wgrad_autograd(const at::Tensor& grad_output, const at::Tensor& input) {
+  if (!records_node(grad_output, input)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return cutlass_nn::linear_wgrad(grad_output, input);
+  }
+  return LinearWgradFunction::apply(grad_output, input)[0];
+}
+
+at::Tensor bias_grad_autograd(const at::Tensor& grad_output) {
+  if (!records_node(grad_output)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return cutlass_nn::bias_grad(grad_output);
+  }
+  return BiasGradFunction::apply(grad_output)[0];
+}
+
+at::Tensor mm_autograd(const at::Tensor& a, const at::Tensor& b) {
+  if (!records_node(a, b)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return cutlass_nn::mm(a, b);
+  }
+  return MmFunction::apply(a, b)[0];
+}
+
+at::Tensor add2_autograd(const at::Tensor& a, const at::Tensor& b) {
+  if (!records_node(a, b)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return cutlass_nn::add2(a, b);
+  }
+  return Add2Function::apply(a, b)[0];
+}
+
+at::Tensor linear_act_autograd(const at::Tensor& input, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias,
+                               c10::string_view activation) {
+  if (!records_node(input, weight, bias)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return cutlass_nn::linear_act(input, weight, bias, activation);
+  }
+  return LinearActFunction::apply(input, weight, bias, activation)[0];
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_act_aux_autograd(const at::Tensor& input,
+                                                           const at::Tensor& weight,
+                                                           const std::optional<at::Tensor>& bias,
+                                                           c10::string_view activation) {
+  if (!records_node(input, weight, bias)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return cutlass_nn::linear_act_aux(input, weight, bias, activation);
+  }
+  const auto out = LinearActAuxFunction::apply(input, weight, bias, activation);
+  return {out[0], out[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor> activation_grad_autograd(const at::Tensor& grad_output,
+                                                            const at::Tensor& preact,
+                                                            c10::string_view activation,
+                                                            bool bias_grad) {
+  if (!records_node(grad_output, preact)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return cutlass_nn::activation_grad(grad_output, preact, activation, bias_grad);
+  }
+  const auto out = ActivationGradFunction::apply(grad_output, preact, activation, bias_grad);
+  return {out[0], out[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cutlass_nn, Autograd, m) {
+  m.impl("linear", &linear_autograd);
+  m.impl("linear_dgrad", &linear_dgrad_autograd);
+  m.impl("linear_wgrad", &linear_wgrad_autograd);
+  m.impl("bias_grad", &bias_grad_autograd);
+  m.impl("mm", &mm_autograd);
+  m.impl("add2", &add2_autograd);
+  m.impl("linear_act", &linear_act_autograd);
+  m.impl("linear_act_aux", &linear_act_aux_autograd);
+  m.impl("activation_grad", &activation_grad_autograd);
+}
+
+}  // namespace cutlass_nn
