@@ -184,6 +184,8 @@ QUICK = Settings(
 FULL = Settings(
     budget_ms=300, min_reps=10, max_reps=1000, warmup=3, row_cap_ms=4000, time_limit_s=450
 )
+# Calls per side of the eager-latency measurement of each row (CudaTimer.eager).
+EAGER_CALLS = 30
 # --sweep: budget_ms and row_cap_ms are per timed configuration (see scale_settings); one
 # (shape, op) times all its configurations and the baseline in the same repetitions.
 SWEEP = Settings(budget_ms=40, min_reps=5, max_reps=200, warmup=2, row_cap_ms=600, time_limit_s=240)
@@ -966,6 +968,26 @@ class CudaTimer:
                 times[name].append(ms)
         return times
 
+    def eager(
+        self, fns: dict[str, Callable[[int], Any]], n_sets: int, calls: int = EAGER_CALLS
+    ) -> dict[str, list[float]]:
+        """What an eager user waits for: per side, ``calls`` times ``synchronize, event, one
+        call, event`` (the GPU idles while the host enqueues the call, so host cost shows),
+        sides alternating; ``{name: [milliseconds of each call]}``."""
+        names = list(fns)
+        counter = itertools.count()
+        out: dict[str, list[float]] = {name: [] for name in names}
+        for r in range(calls):
+            for name in names if r % 2 == 0 else names[::-1]:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                fns[name](next(counter) % n_sets)
+                end.record()
+                end.synchronize()
+                out[name].append(start.elapsed_time(end))
+        return out
+
 
 def release_memory() -> None:
     gc.collect()
@@ -997,6 +1019,15 @@ def fill_timing(row: dict, times: dict[str, list[float]], peak: float | None) ->
     row["ratio"] = b / o if o > 0 else math.nan
 
 
+def fill_eager(row: dict, eager: dict[str, list[float]]) -> None:
+    """Adds the eager latency (median ms of one call as a user waits for it, host included) of
+    each side and their ratio (base / ours: > 1 means ours returns sooner)."""
+    for side in ("ours", "base"):
+        row[f"{side}_eager_ms"] = time_stats(eager[side])["median_ms"]
+    o, b = row["ours_eager_ms"], row["base_eager_ms"]
+    row["eager_ratio"] = b / o if o > 0 else math.nan
+
+
 def run_row(meta: dict, build: Callable[[], Case], timer: Timer, peak: float | None = None) -> dict:
     """Builds, checks and times one row. Never raises (but KeyboardInterrupt): an exception is
     recorded as status "error"; a failed check is status "FAIL" and the row is not timed."""
@@ -1014,7 +1045,10 @@ def run_row(meta: dict, build: Callable[[], Case], timer: Timer, peak: float | N
                 row["note"] = f"wrong result, not timed: {check['summary']}"
                 return row
             times = timer(case.fns, case.n_sets)
+            eager = timer.eager(case.fns, case.n_sets) if hasattr(timer, "eager") else None
         fill_timing(row, times, peak)
+        if eager is not None:
+            fill_eager(row, eager)
         row["status"] = "ok"
     except SkipRow as exc:
         row["status"] = "skipped"
@@ -1631,10 +1665,20 @@ def summarize(rows: Sequence[dict]) -> dict:
     rows (ours and cuBLAS vs float64), the issue's targets and the row counts by status."""
     ok = [r for r in rows if r.get("status") == "ok" and r.get("ratio") is not None]
     groups: dict[tuple, list[float]] = defaultdict(list)
+    eager_groups: dict[tuple, list[float]] = defaultdict(list)
     for r in ok:
         groups[(r["group"], r["op"], r["precision"])].append(r["ratio"])
+        if r.get("eager_ratio") is not None:
+            eager_groups[(r["group"], r["op"], r["precision"])].append(r["eager_ratio"])
     geomeans = [
-        {"group": g, "op": op, "precision": p, "geomean": geomean(v), "n": len(v)}
+        {
+            "group": g,
+            "op": op,
+            "precision": p,
+            "geomean": geomean(v),
+            "eager_geomean": geomean(eager_groups.get((g, op, p), [])),
+            "n": len(v),
+        }
         for (g, op, p), v in groups.items()
     ]
 
@@ -1763,11 +1807,22 @@ def format_summary(
         f"copy {_fmt(peaks.get('copy_gbps'), '.0f')} GB/s (read+write)"
     )
     by_op: dict[tuple[str, str], list[str]] = defaultdict(list)
+    by_op_eager: dict[tuple[str, str], list[str]] = defaultdict(list)
     for e in summary["geomeans"]:
         by_op[(e["group"], e["op"])].append(f"{e['precision']} {_fmt(e['geomean'])} ({e['n']})")
-    if by_op:
-        lines.append("geomean ratio (>1: ours faster), rows in ():")
-        for (group, op), parts in by_op.items():
+        if e.get("eager_geomean") is not None:
+            by_op_eager[(e["group"], e["op"])].append(
+                f"{e['precision']} {_fmt(e['eager_geomean'])}"
+            )
+    for heading, table in (
+        ("geomean ratio (>1: ours faster), rows in ():", by_op),
+        ("geomean eager-latency ratio (one call, host included; >1: ours returns sooner):",
+         by_op_eager),
+    ):
+        if not table:
+            continue
+        lines.append(heading)
+        for (group, op), parts in table.items():
             title = OP_TITLES.get(op, op)
             name = title if group == "gemm" else f"{group} {title}"
             lines.append(f"  {name:<17} " + "  ".join(parts))
@@ -1854,7 +1909,13 @@ def format_progress(i: int, total: int, row: dict, elapsed_s: float) -> str:
         f"{head} ours {row['ours_rate']:7.1f} {row['unit']} "
         f"[{o['p10_ms']:.4g}-{o['p90_ms']:.4g} ms] "
         f"torch {row['base_rate']:7.1f} ratio {row['ratio']:.3f} "
-        f"(n={o['n']}, sets={row.get('input_sets')}) "
+        + (
+            f"eager {row['ours_eager_ms'] * 1e3:.0f}/{row['base_eager_ms'] * 1e3:.0f} us "
+            f"{row['eager_ratio']:.3f} "
+            if row.get("eager_ratio") is not None
+            else ""
+        )
+        + f"(n={o['n']}, sets={row.get('input_sets')}) "
         f"{row.get('kernel') or ''}"
     )[:240]
 

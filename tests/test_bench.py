@@ -580,6 +580,42 @@ def test_run_row_ok_with_fake_timer():
     assert row["check"]["ok"] and row["input_sets"] >= 1 and "kernel" in row
 
 
+class FakeEagerTimer(FakeTimer):
+    """FakeTimer with CudaTimer's eager-latency measurement (fixed per-call times)."""
+
+    def __init__(self, eager_ours=(0.02, 0.03, 0.04), eager_base=(0.03, 0.06, 0.09)):
+        super().__init__()
+        self.eager_times = {"ours": list(eager_ours), "base": list(eager_base)}
+
+    def eager(self, fns, n_sets):
+        for fn in fns.values():
+            fn(0)
+        return {name: list(ms) for name, ms in self.eager_times.items()}
+
+
+def test_run_row_records_eager_latency():
+    """A timer that measures eager latency adds each side's median per-call time and their
+    ratio; the summary keeps their geomean beside the throughput one and prints both."""
+    spec = bench.RowSpec("gemm", "fwd", "bf16", (37, 29, 23))
+    row = bench.run_row(
+        spec.meta(), lambda: bench.build_case(spec, device="cpu"), FakeEagerTimer(), peak=1e-6
+    )
+    assert row["status"] == "ok", row.get("note")
+    assert row["ours_eager_ms"] == pytest.approx(0.03)
+    assert row["base_eager_ms"] == pytest.approx(0.06)
+    assert row["eager_ratio"] == pytest.approx(2.0)
+    assert row["ratio"] == pytest.approx(2.0)  # the throughput ratio is unchanged
+    summary = bench.summarize([row])
+    (entry,) = summary["geomeans"]
+    assert entry["eager_geomean"] == pytest.approx(2.0)
+    lines = bench.format_summary(summary, {}, [row])
+    assert any(line.startswith("geomean eager-latency ratio") for line in lines), lines
+    assert "eager 30/60 us 2.000" in bench.format_progress(0, 1, row, 1.0)
+    # without eager latency (FakeTimer), no eager fields
+    plain = bench.run_row(spec.meta(), lambda: bench.build_case(spec, device="cpu"), FakeTimer())
+    assert "eager_ratio" not in plain and "eager" not in bench.format_progress(0, 1, plain, 1.0)
+
+
 def test_run_row_records_errors_and_skips():
     def broken():
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
@@ -705,7 +741,14 @@ def test_summarize():
     assert summary["counts"] == {"ok": 7, "FAIL": 1, "error": 1, "skipped": 1}
     add2 = [e for e in summary["geomeans"] if e["group"] == "add2"]
     assert add2 == [
-        {"group": "add2", "op": "fwd", "precision": "bf16", "geomean": pytest.approx(0.8), "n": 1}
+        {
+            "group": "add2",
+            "op": "fwd",
+            "precision": "bf16",
+            "geomean": pytest.approx(0.8),
+            "eager_geomean": None,  # the synthetic rows have no eager latency
+            "n": 1,
+        }
     ]
 
 
