@@ -5,6 +5,8 @@ Usage::
     python -m cutlass_nn.bench [--quick] [--out DIR] [--dtypes bf16,fp16,fp32]
                                [--what fwd,sm80,dgrad,wgrad,fwdbwd,linact,add2,fp32]
                                [--budget-ms MS] [--time-limit S]
+    python -m cutlass_nn.bench --what models [...]   # whole-model training steps (bench_models)
+    python -m cutlass_nn.bench --what host [...]     # host time per call (bench_host)
     python -m cutlass_nn.bench --sweep [--sweep-shapes MxNxK,...] [--sweep-swizzles 1,4]
                                [--sweep-splits 0,1,2,4] [--what fwd,dgrad,wgrad]
                                [--budget-ms MS] [--out DIR]
@@ -2433,8 +2435,29 @@ NO_CUDA_MESSAGE = (
 )
 
 
+def _delegated_what(argv: Sequence[str]) -> str | None:
+    """ "models" or "host" when ``--what`` names one of the benchmarks with their own options
+    (cutlass_nn/bench_models.py, cutlass_nn/bench_host.py), else None."""
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg == "--what" and i + 1 < len(argv) else None
+        if arg.startswith("--what="):
+            value = arg.split("=", 1)[1]
+        if value in ("models", "host"):
+            return value
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    delegated = _delegated_what(argv)
+    if delegated == "models":
+        from cutlass_nn import bench_models
+
+        return bench_models.main(argv)
+    if delegated == "host":
+        from cutlass_nn import bench_host
+
+        return bench_host.main(argv)
     args = parse_args(argv)
     if args.plot:
         return replot(args.plot)

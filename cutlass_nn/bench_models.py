@@ -1,0 +1,534 @@
+"""``python -m cutlass_nn.bench --what models``: whole-model training steps, ``nn.Linear`` against
+``cutlass_nn.convert``, the number a user feels.
+
+Usage::
+
+    python -m cutlass_nn.bench --what models [--families llama,gpt,bert] [--sizes host,gpu]
+                               [--modes eager,compile,reduce-overhead] [--steps 20] [--out DIR]
+    python -m cutlass_nn.bench --what models --combine A.json B.json ...   # one JSON + PNG
+
+Models come from ``transformers`` configs with random initialization (nothing is downloaded):
+
+* ``llama``: a Llama-style decoder (grouped-query attention with 4 query heads per key/value
+  head, SwiGLU MLP, RMSNorm, rotary embeddings);
+* ``gpt``: a GPT-2-style decoder (learned positions, LayerNorm, GELU(tanh) MLP, multi-head
+  attention): ``transformers``' GPTBigCode with ``multi_query=False``, the GPT-2 block built on
+  ``nn.Linear`` (GPT-2's own class uses a ``Conv1D`` layer that ``convert`` does not touch);
+* ``bert``: a BERT-style encoder with its masked-LM head, trained on every token.
+
+Each at a host-bound size (hidden 1024, 2 layers) and a GPU-bound one (hidden 4096, 2 layers),
+4096 tokens per step (batch 4 x 1024), bfloat16 parameters, fused AdamW, in eager mode, under
+``torch.compile`` and under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs).
+
+Method per row (family, size, mode): the stock model runs first, then the converted copy of the
+same initial weights on the same batches, each alone on the GPU (so that peak memory is its own).
+Each: warm-up steps (compilation included), then ``--steps`` timed steps in blocks of
+``--block`` back-to-back steps with no synchronization inside a block (as a training loop runs;
+the losses are read after the block); step time = the median over blocks of block wall time /
+steps. Reported: step time, tokens/s, ratio (stock step time / converted step time: > 1 means
+the converted model is faster), peak allocated memory during the timed steps and its ratio
+(converted / stock), the host time to enqueue one step, and the largest loss difference over all
+timed steps (agreement: at most ``LOSS_RTOL`` of the stock loss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+import cutlass_nn
+
+FAMILIES = ("llama", "gpt", "bert")
+SIZES = ("host", "gpu")
+MODES = ("eager", "compile", "reduce-overhead")
+#: Losses agree when every timed step's |loss_converted - loss_stock| <= LOSS_RTOL * |loss_stock|
+#: (bfloat16 parameters: the two models round differently, and training drifts a little).
+LOSS_RTOL = 0.01
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    hidden: int
+    layers: int
+    heads: int
+    batch: int
+    seq: int
+    vocab: int
+
+
+# host: hidden about 1k (the step is bound by the host's enqueue time); gpu: hidden 4096.
+MODEL_SIZES = {
+    "host": ModelSize(hidden=1024, layers=2, heads=16, batch=4, seq=1024, vocab=32000),
+    "gpu": ModelSize(hidden=4096, layers=2, heads=32, batch=4, seq=1024, vocab=32000),
+}
+
+
+def build_model(family: str, size: ModelSize, seed: int = 0) -> nn.Module:
+    """A ``transformers`` model of ``family`` at ``size`` with random weights (seeded)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    h = size.hidden
+    if family == "llama":
+        config = tf.LlamaConfig(
+            hidden_size=h,
+            intermediate_size=int(h * 8 / 3 / 256 + 0.5) * 256 if h >= 256 else 2 * h,
+            num_hidden_layers=size.layers,
+            num_attention_heads=size.heads,
+            num_key_value_heads=max(size.heads // 4, 1),
+            vocab_size=size.vocab,
+            max_position_embeddings=size.seq,
+            tie_word_embeddings=False,
+        )
+        return tf.LlamaForCausalLM(config)
+    if family == "gpt":
+        config = tf.GPTBigCodeConfig(
+            n_embd=h,
+            n_inner=4 * h,
+            n_layer=size.layers,
+            n_head=size.heads,
+            vocab_size=size.vocab,
+            n_positions=size.seq,
+            multi_query=False,
+            activation_function="gelu_pytorch_tanh",
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        return tf.GPTBigCodeForCausalLM(config)
+    if family == "bert":
+        config = tf.BertConfig(
+            hidden_size=h,
+            intermediate_size=4 * h,
+            num_hidden_layers=size.layers,
+            num_attention_heads=size.heads,
+            vocab_size=size.vocab,
+            max_position_embeddings=size.seq,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+        return tf.BertForMaskedLM(config)
+    raise ValueError(f"cutlass_nn.bench: unknown model family {family!r} (one of {FAMILIES})")
+
+
+def make_batches(size: ModelSize, n: int, device, seed: int = 1) -> list[dict[str, torch.Tensor]]:
+    """``n`` random token batches (inputs and labels) for a language-model loss."""
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=gen)
+        ids = ids.to(device)
+        batches.append({"input_ids": ids, "labels": ids})
+    return batches
+
+
+def count_linears(model: nn.Module) -> int:
+    return sum(1 for m in model.modules() if type(m) is nn.Linear)
+
+
+class Trainer:
+    """One model, its fused AdamW and its (maybe compiled) forward; ``step(batch)`` runs
+    forward, backward and the optimizer step and returns the loss tensor (not synchronized)."""
+
+    def __init__(self, model: nn.Module, mode: str, device):
+        self.model = model
+        fused = torch.device(device).type == "cuda"
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+        if mode == "eager":
+            self.forward: Callable[..., Any] = model
+        elif mode == "compile":
+            self.forward = torch.compile(model)
+        elif mode == "reduce-overhead":
+            self.forward = torch.compile(model, mode="reduce-overhead")
+        else:
+            raise ValueError(f"cutlass_nn.bench: unknown mode {mode!r} (one of {MODES})")
+        self.cudagraphs = mode == "reduce-overhead"
+
+    def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        loss = self.forward(**batch).loss
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        # A CUDA-graph output is overwritten by the next replay: keep a copy.
+        return loss.detach().clone()
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_side(
+    model: nn.Module,
+    mode: str,
+    batches: Sequence[dict[str, torch.Tensor]],
+    *,
+    warmup: int,
+    steps: int,
+    block: int,
+    device,
+) -> dict[str, Any]:
+    """Trains ``model`` on ``batches`` (cycled): ``warmup`` steps, then ``steps`` timed steps in
+    blocks of ``block``; returns step times, host enqueue time, losses and peak memory."""
+    cuda = torch.device(device).type == "cuda"
+    trainer = Trainer(model, mode, device)
+    i = 0
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        trainer.step(batches[i % len(batches)])
+        i += 1
+    _sync(device)
+    warmup_s = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        base_alloc = torch.cuda.memory_allocated()
+    losses: list[float] = []
+    block_ms: list[float] = []
+    enqueue_ms: list[float] = []
+    done = 0
+    while done < steps:
+        n = min(block, steps - done)
+        pending = []
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(n):
+            s0 = time.perf_counter()
+            pending.append(trainer.step(batches[i % len(batches)]))
+            enqueue_ms.append((time.perf_counter() - s0) * 1e3)
+            i += 1
+        _sync(device)
+        block_ms.append((time.perf_counter() - start) * 1e3 / n)
+        losses += [float(x) for x in pending]
+        done += n
+    out = {
+        "step_ms": statistics.median(block_ms),
+        "block_step_ms": block_ms,
+        "enqueue_ms": statistics.median(enqueue_ms),
+        "losses": losses,
+        "warmup_s": warmup_s,
+    }
+    if cuda:
+        out["peak_bytes"] = torch.cuda.max_memory_allocated()
+        out["persistent_bytes"] = base_alloc
+    return out
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    family: str
+    size: str
+    mode: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.family}-{self.size} {self.mode}"
+
+
+def plan(families: Sequence[str], sizes: Sequence[str], modes: Sequence[str]) -> list[RowSpec]:
+    """Host-bound sizes first (this issue's targets), eager before compiled (which compiles)."""
+    return [RowSpec(f, s, m) for s in sizes for m in modes for f in families]
+
+
+def compare_losses(stock: Sequence[float], ours: Sequence[float]) -> dict[str, Any]:
+    diffs = [abs(a - b) for a, b in zip(stock, ours)]
+    worst = max(diffs) if diffs else math.nan
+    rel = max((d / max(abs(a), 1e-6) for d, a in zip(diffs, stock)), default=math.nan)
+    finite = all(math.isfinite(x) for x in (*stock, *ours))
+    return {
+        "max_abs_diff": worst,
+        "max_rel_diff": rel,
+        "agree": bool(finite and diffs and rel <= LOSS_RTOL),
+    }
+
+
+def run_row(
+    spec: RowSpec,
+    *,
+    steps: int,
+    block: int,
+    warmup: int,
+    device="cuda",
+    dtype=torch.bfloat16,
+    sizes: dict[str, ModelSize] = MODEL_SIZES,
+) -> dict[str, Any]:
+    """Stock, then converted, on the same initial weights and batches; never raises (an
+    exception is recorded as status "error")."""
+    size = sizes[spec.size]
+    row: dict[str, Any] = {
+        "family": spec.family,
+        "size": spec.size,
+        "mode": spec.mode,
+        "label": spec.label,
+        "model": asdict(size),
+        "tokens_per_step": size.batch * size.seq,
+        "status": "error",
+    }
+    try:
+        batches = make_batches(size, 4, device)
+        sides = {}
+        for side in ("stock", "cutlass_nn"):
+            model = build_model(spec.family, size).to(device=device, dtype=dtype)
+            row["parameters"] = sum(p.numel() for p in model.parameters())
+            row["linears"] = count_linears(model)
+            if side == "cutlass_nn":
+                model = cutlass_nn.convert(model)
+            torch._dynamo.reset()  # each side compiles its own graphs
+            sides[side] = run_side(
+                model, spec.mode, batches, warmup=warmup, steps=steps, block=block, device=device
+            )
+            del model
+            gc.collect()
+            if torch.device(device).type == "cuda":
+                torch.cuda.empty_cache()
+        row.update(sides)
+        stock, ours = sides["stock"], sides["cutlass_nn"]
+        row["ratio"] = stock["step_ms"] / ours["step_ms"]
+        tokens = row["tokens_per_step"]
+        for side in sides.values():
+            side["tokens_per_s"] = tokens / (side["step_ms"] / 1e3)
+        if "peak_bytes" in stock:
+            row["memory_ratio"] = ours["peak_bytes"] / stock["peak_bytes"]
+        row["loss"] = compare_losses(stock["losses"], ours["losses"])
+        row["status"] = "ok"
+    except Exception as exc:  # one row's failure (out of memory, a compile error) is recorded
+        row["note"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+        row["traceback"] = traceback.format_exc(limit=12)
+    finally:
+        torch._dynamo.reset()
+        gc.collect()
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary, tables, plot
+# ---------------------------------------------------------------------------------------------
+
+
+def targets(rows: Sequence[dict]) -> dict[str, Any]:
+    """This issue's targets: every host-bound row's ratio >= 1.00 (eager and compiled), every
+    row's peak memory <= 1.00x stock, losses in agreement (the GPU-bound rows' speed is the next
+    issue's)."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    host = [r for r in ok if r["size"] == "host"]
+    mem = [r["memory_ratio"] for r in ok if r.get("memory_ratio") is not None]
+    out = {
+        "host_bound_min_ratio": min((r["ratio"] for r in host), default=None),
+        "max_memory_ratio": max(mem, default=None),
+        "losses_agree": all(r["loss"]["agree"] for r in ok) if ok else None,
+        "gpu_bound_median_ratio": (
+            statistics.median([r["ratio"] for r in ok if r["size"] == "gpu"])
+            if any(r["size"] == "gpu" for r in ok)
+            else None
+        ),
+    }
+    out["host_bound_pass"] = out["host_bound_min_ratio"] is not None and out["host_bound_min_ratio"] >= 1.0
+    out["memory_pass"] = out["max_memory_ratio"] is not None and out["max_memory_ratio"] <= 1.0
+    return out
+
+
+def _f(x, spec=".2f") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def format_table(rows: Sequence[dict]) -> list[str]:
+    """A markdown table, one line per row."""
+    lines = [
+        "| model | mode | stock step ms | cutlass_nn step ms | ratio | tokens/s (cutlass_nn) | "
+        "peak GiB stock / ours | memory ratio | host enqueue ms stock / ours | max loss diff |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['family']}-{r['size']} | {r['mode']} | {r['status'].upper()}: "
+                         f"{r.get('note', '')[:80]} | | | | | | | |")
+            continue
+        s, o = r["stock"], r["cutlass_nn"]
+        peak = (
+            f"{s['peak_bytes'] / 2**30:.2f} / {o['peak_bytes'] / 2**30:.2f}"
+            if "peak_bytes" in s
+            else "-"
+        )
+        lines.append(
+            f"| {r['family']}-{r['size']} (h{r['model']['hidden']}) | {r['mode']} | "
+            f"{s['step_ms']:.2f} | {o['step_ms']:.2f} | **{r['ratio']:.3f}** | "
+            f"{o['tokens_per_s']:,.0f} | {peak} | {_f(r.get('memory_ratio'), '.3f')} | "
+            f"{s['enqueue_ms']:.2f} / {o['enqueue_ms']:.2f} | "
+            f"{_f(r['loss']['max_abs_diff'], '.4f')}{'' if r['loss']['agree'] else ' (DISAGREE)'} |"
+        )
+    return lines
+
+
+def format_targets(t: dict) -> list[str]:
+    return [
+        f"host-bound rows: min ratio {_f(t['host_bound_min_ratio'], '.3f')} (target >= 1.00: "
+        f"{'PASS' if t['host_bound_pass'] else 'MISS'})",
+        f"peak memory: max ratio {_f(t['max_memory_ratio'], '.3f')} (target <= 1.00: "
+        f"{'PASS' if t['memory_pass'] else 'MISS'})",
+        f"losses agree (rel <= {LOSS_RTOL}): {t['losses_agree']}",
+        f"GPU-bound rows: median ratio {_f(t['gpu_bound_median_ratio'], '.3f')} (next issue's "
+        "target: every row >= 1.00, median >= 1.02)",
+    ]
+
+
+def plot(rows: Sequence[dict], path: Path, title: str) -> Path | None:
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if not ok:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 0.45 * len(ok) + 2))
+    labels = [f"{r['family']}-{r['size']} {r['mode']}" for r in ok]
+    y = list(range(len(ok)))
+    ax1.barh(y, [r["ratio"] for r in ok], color=["tab:green" if r["ratio"] >= 1 else "tab:red" for r in ok])
+    ax1.axvline(1.0, color="k", lw=1)
+    ax1.set_yticks(y, labels)
+    ax1.invert_yaxis()
+    ax1.set_xlabel("step-time ratio (stock / cutlass_nn; > 1: cutlass_nn faster)")
+    mem = [r.get("memory_ratio") or 0 for r in ok]
+    ax2.barh(y, mem, color=["tab:green" if m <= 1 else "tab:red" for m in mem])
+    ax2.axvline(1.0, color="k", lw=1)
+    ax2.set_yticks(y, [])
+    ax2.invert_yaxis()
+    ax2.set_xlabel("peak memory ratio (cutlass_nn / stock; < 1: leaner)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def _csv(choices: Sequence[str]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"choose from {','.join(choices)}, got {text!r}")
+        return items
+
+    return parse
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m cutlass_nn.bench --what models",
+        description="Whole-model training steps: nn.Linear vs cutlass_nn.convert (JSON + PNG).",
+    )
+    p.add_argument("--what", choices=["models"], default="models")
+    p.add_argument("--families", type=_csv(FAMILIES), default=list(FAMILIES))
+    p.add_argument("--sizes", type=_csv(SIZES), default=list(SIZES))
+    p.add_argument("--modes", type=_csv(MODES), default=list(MODES))
+    p.add_argument("--steps", type=int, default=20, help="timed steps per side (>= 20 for a record)")
+    p.add_argument("--block", type=int, default=5, help="steps per timed block")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compiles)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--time-limit", type=float, default=540.0, help="seconds; later rows skipped")
+    p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
+                   help="merge earlier model-benchmark JSONs into one JSON + PNG (no GPU)")
+    return p.parse_args(argv)
+
+
+def _write(path: Path, results: dict) -> None:
+    path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+
+
+def combine(paths: Sequence[Path], out_dir: Path) -> int:
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    rows = [r for part in parts for r in part["rows"]]
+    meta = dict(parts[0]["meta"], combined_from=[str(p) for p in paths],
+                commands=[part["meta"].get("command") for part in parts])
+    results = {"mode": "models", "meta": meta, "rows": rows, "targets": targets(rows)}
+    stem = Path(paths[-1]).stem + "_combined"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write(out_dir / f"{stem}.json", results)
+    plot(rows, out_dir / f"{stem}.png", _title(meta))
+    for line in format_table(rows) + format_targets(results["targets"]):
+        print(line)
+    print(f"json {out_dir / (stem + '.json')}")
+    return 0
+
+
+def _title(meta: dict) -> str:
+    return f"training step, nn.Linear vs cutlass_nn: {meta.get('device')}, torch {meta.get('torch')}, {meta.get('date_utc')}"
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
+    if args.combine:
+        return combine(args.combine, args.out)
+    from cutlass_nn import bench
+
+    if not torch.cuda.is_available():
+        print(bench.NO_CUDA_MESSAGE, file=sys.stderr)
+        return 2
+    meta = bench.collect_meta(argv)
+    meta["command"] = "python -m cutlass_nn.bench " + " ".join(argv)
+    try:
+        import transformers
+
+        meta["transformers"] = transformers.__version__
+    except ImportError:
+        print("cutlass_nn.bench --what models needs `transformers` (pip install transformers)",
+              file=sys.stderr)
+        return 2
+    meta["loss_rtol"] = LOSS_RTOL
+    specs = plan(args.families, args.sizes, args.modes)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"models_{bench._slug(meta)}_{bench._stamp()}"
+    json_path = args.out / f"{stem}.json"
+    results: dict[str, Any] = {"mode": "models", "meta": meta, "settings": vars(args) | {"out": str(args.out)}, "rows": []}
+    t0 = time.monotonic()
+    print(f"cutlass_nn.bench models: {meta['device']}, torch {meta['torch']}, "
+          f"transformers {meta['transformers']}; {len(specs)} rows", flush=True)
+    for i, spec in enumerate(specs):
+        if time.monotonic() - t0 > args.time_limit:
+            row = {"family": spec.family, "size": spec.size, "mode": spec.mode,
+                   "label": spec.label, "status": "skipped", "note": "time limit"}
+        else:
+            row = run_row(spec, steps=args.steps, block=args.block, warmup=args.warmup)
+        results["rows"].append(row)
+        _write(json_path, results)
+        if row["status"] == "ok":
+            print(f"[{i + 1}/{len(specs)} {time.monotonic() - t0:4.0f}s] {spec.label}: stock "
+                  f"{row['stock']['step_ms']:.2f} ms, cutlass_nn {row['cutlass_nn']['step_ms']:.2f} ms, "
+                  f"ratio {row['ratio']:.3f}, memory {_f(row.get('memory_ratio'), '.3f')}, "
+                  f"loss diff {row['loss']['max_abs_diff']:.4f}", flush=True)
+        else:
+            print(f"[{i + 1}/{len(specs)}] {spec.label}: {row['status'].upper()} {row.get('note', '')}", flush=True)
+    rows = results["rows"]
+    results["targets"] = targets(rows)
+    results["wall_s"] = time.monotonic() - t0
+    _write(json_path, results)
+    try:
+        plot(rows, json_path.with_suffix(".png"), _title(meta))
+    except Exception as exc:
+        print(f"(no plot: {exc})")
+    print()
+    for line in format_table(rows) + format_targets(results["targets"]):
+        print(line)
+    print(f"json {json_path}", flush=True)
+    return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 3

@@ -1,0 +1,123 @@
+"""The whole-model and host-cost benchmarks' machinery on the CPU: tiny transformers models,
+stock vs converted training steps, loss agreement, targets, tables, JSON combine, host loops.
+(The real runs need a GPU: python -m cutlass_nn.bench --what models / --what host.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cutlass_nn import bench, bench_host, bench_models
+
+transformers = pytest.importorskip("transformers")
+
+TINY = {"host": bench_models.ModelSize(hidden=64, layers=1, heads=4, batch=2, seq=16, vocab=128)}
+
+
+@pytest.mark.parametrize("family", bench_models.FAMILIES)
+def test_model_row_on_cpu(family):
+    """A tiny model of each family: both sides train, the converted model really runs
+    CutlassLinear layers, the losses agree, and the row has every reported field."""
+    model = bench_models.build_model(family, TINY["host"])
+    n_linear = bench_models.count_linears(model)
+    assert n_linear >= 4
+    row = bench_models.run_row(
+        bench_models.RowSpec(family, "host", "eager"),
+        steps=4,
+        block=2,
+        warmup=1,
+        device="cpu",
+        dtype=torch.float32,
+        sizes=TINY,
+    )
+    assert row["status"] == "ok", row.get("traceback")
+    assert row["linears"] == n_linear
+    for side in ("stock", "cutlass_nn"):
+        assert len(row[side]["losses"]) == 4 and len(row[side]["block_step_ms"]) == 2
+        assert row[side]["step_ms"] > 0 and row[side]["tokens_per_s"] > 0
+    assert row["loss"]["agree"], row["loss"]
+    assert row["loss"]["max_abs_diff"] < 1e-3  # float32 on CPU: the same arithmetic
+    assert row["ratio"] == pytest.approx(row["stock"]["step_ms"] / row["cutlass_nn"]["step_ms"])
+
+
+def test_converted_model_runs_cutlass_ops():
+    """The converted side runs the cutlass_nn operators (a profiler sees them)."""
+    model = bench_models.build_model("llama", TINY["host"])
+    model = bench_models.cutlass_nn.convert(model)
+    batch = bench_models.make_batches(TINY["host"], 1, "cpu")[0]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        bench_models.Trainer(model, "eager", "cpu").step(batch)
+    names = {e.name for e in prof.events()}
+    assert {"cutlass_nn::linear", "cutlass_nn::linear_dgrad", "cutlass_nn::linear_wgrad"} <= names
+
+
+def test_loss_comparison_and_targets():
+    agree = bench_models.compare_losses([10.0, 9.0], [10.05, 9.0])
+    assert agree["agree"] and agree["max_abs_diff"] == pytest.approx(0.05)
+    assert not bench_models.compare_losses([10.0], [10.2])["agree"]
+    assert not bench_models.compare_losses([10.0], [float("nan")])["agree"]
+
+    def row(size, ratio, mem, agree=True):
+        return {"status": "ok", "size": size, "ratio": ratio, "memory_ratio": mem,
+                "loss": {"agree": agree}}
+
+    t = bench_models.targets([row("host", 1.02, 0.99), row("host", 1.01, 1.0), row("gpu", 0.9, 0.98)])
+    assert t["host_bound_pass"] and t["memory_pass"] and t["losses_agree"]
+    assert t["host_bound_min_ratio"] == pytest.approx(1.01)
+    assert t["gpu_bound_median_ratio"] == pytest.approx(0.9)
+    t = bench_models.targets([row("host", 0.98, 1.01, agree=False)])
+    assert not t["host_bound_pass"] and not t["memory_pass"] and t["losses_agree"] is False
+    lines = bench_models.format_targets(t)
+    assert "MISS" in lines[0] and "MISS" in lines[1]
+
+
+def test_table_combine_and_plot(tmp_path):
+    rows = []
+    for mode in ("eager", "compile"):
+        r = bench_models.run_row(bench_models.RowSpec("gpt", "host", mode), steps=2, block=1,
+                                 warmup=1, device="cpu", dtype=torch.float32, sizes=TINY)
+        assert r["status"] == "ok", r.get("traceback")
+        rows.append(r)
+    err = {"family": "bert", "size": "gpu", "mode": "eager", "label": "x", "status": "error",
+           "note": "OutOfMemoryError: ..."}
+    table = bench_models.format_table(rows + [err])
+    assert len(table) == 2 + 3 and "| gpt-host (h64) | compile |" in table[3] and "ERROR" in table[4]
+    paths = []
+    for i, part in enumerate((rows[:1], rows[1:] + [err])):
+        p = tmp_path / f"models_part{i}.json"
+        p.write_text(json.dumps({"mode": "models", "meta": {"device": "cpu", "command": f"c{i}"},
+                                 "rows": part}))
+        paths.append(p)
+    assert bench_models.main(["--what", "models", "--combine", *map(str, paths), "--out", str(tmp_path)]) == 0
+    combined = json.loads((tmp_path / "models_part1_combined.json").read_text())
+    assert [r["mode"] for r in combined["rows"]] == ["eager", "compile", "eager"]
+    assert combined["meta"]["commands"] == ["c0", "c1"]
+    assert (tmp_path / "models_part1_combined.png").stat().st_size > 1000
+
+
+def test_bench_main_delegates(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench_models, "main", lambda argv: seen.append(("models", argv)) or 0)
+    monkeypatch.setattr(bench_host, "main", lambda argv: seen.append(("host", argv)) or 0)
+    assert bench.main(["--what", "models", "--sizes", "host"]) == 0
+    assert bench.main(["--what=host"]) == 0
+    assert seen == [("models", ["--what", "models", "--sizes", "host"]), ("host", ["--what=host"])]
+    assert bench._delegated_what(["--what", "fwd"]) is None
+
+
+def test_host_cost_loop_on_cpu():
+    """The host-cost cases run on CPU tensors too, both sides compute the same values, and the
+    measurement reports a ratio per case."""
+    cases = bench_host.make_cases(device="cpu", dtype=torch.float32)
+    assert set(cases) == {"linear", "mm", "add", "module_fwd_bwd"}
+    for name in ("linear", "mm", "add"):
+        torch.testing.assert_close(cases[name]["ours"](), cases[name]["torch"]())
+    rows = bench_host.measure(cases, calls=20, repeats=3, sync=lambda: None)
+    assert [r["case"] for r in rows] == list(cases)
+    for r in rows:
+        assert r["torch_us"] > 0 and r["ours_us"] > 0
+        assert r["ratio"] == pytest.approx(r["ours_us"] / r["torch_us"])
+        assert r["pass"] == (r["ratio"] <= bench_host.TARGET_RATIO)
+    assert len(bench_host.format_rows(rows)) == 2 + 4
