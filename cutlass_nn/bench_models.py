@@ -284,7 +284,8 @@ def run_row(
         batches = make_batches(size, 4, device)
         sides = {}
         for side in ("stock", "cutlass_nn"):
-            model = build_model(spec.family, size).to(device=device, dtype=dtype)
+            with torch.device(device):  # initialize on the device: fast for the large sizes
+                model = build_model(spec.family, size).to(dtype=dtype)
             row["parameters"] = sum(p.numel() for p in model.parameters())
             row["linears"] = count_linears(model)
             if side == "cutlass_nn":
