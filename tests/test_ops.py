@@ -438,3 +438,37 @@ def test_mm_and_add2_backward_dispatch_cutlass_ops():
         y.sum().backward()
     assert log.names.count("cutlass_nn::mm") == 2, log.names
     assert "aten::mm" not in log.names
+
+
+# ---------------------------------------------------------------------------------------------
+# Autograd in C++: one node per call, none when nothing needs it
+# ---------------------------------------------------------------------------------------------
+
+
+def test_linear_autograd_records_one_node_and_backward_records_none():
+    """The C++ autograd kernel records one node whose edges go straight to the inputs (no extra
+    bookkeeping node); a backward without create_graph records no graph; with create_graph the
+    gradients are differentiable; calls that need no gradient record nothing."""
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    y = ops.linear(x, w, b)
+    assert "LinearFunction" in y.grad_fn.name()
+    assert [type(f).__name__ for f, _ in y.grad_fn.next_functions] == ["AccumulateGrad"] * 3
+    y.sum().backward()
+    assert x.grad.grad_fn is None and w.grad.grad_fn is None and b.grad.grad_fn is None
+    torch.testing.assert_close(w.grad, torch.ones(4, 3, dtype=torch.float64).t() @ x.detach())
+    (gx,) = torch.autograd.grad(ops.linear(x, w, b).pow(2).sum(), x, create_graph=True)
+    assert gx.requires_grad and gx.grad_fn is not None
+    with torch.no_grad():
+        assert ops.linear(x, w, b).grad_fn is None
+    assert ops.linear(x.detach(), w.detach(), b.detach()).grad_fn is None
+    for fn, args in (
+        (ops.mm, (x.t(), torch.randn(4, 2, dtype=torch.float64))),
+        (ops.add2, (x, x)),
+        (ops.linear_dgrad, (torch.randn(4, 3, dtype=torch.float64), w)),
+        (ops.linear_wgrad, (torch.randn(4, 3, dtype=torch.float64), x)),
+        (ops.bias_grad, (x,)),
+    ):
+        out = fn(*args)
+        assert out.grad_fn is not None and "CppNode" in out.grad_fn.name(), fn

@@ -23,8 +23,9 @@
 // The operators without an autograd formula (linear_wgrad_accumulate_, mm.out) keep torch's
 // default for custom operators.
 //
-// A call that records no node (grad mode off, or no input requires grad) goes straight to the
-// kernel below autograd, so inference and the backward's own calls pay for no Function object.
+// A call that records no node (grad mode off, or no input requires grad) is redispatched
+// straight to the kernel below autograd, so inference and the backward's own calls pay for no
+// Function object.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -306,89 +307,111 @@ class ActivationGradFunction : public torch::autograd::Function<ActivationGradFu
 };
 
 // ---- the Autograd-key kernels: record a node only when one is needed -----------------------
+//
+// A call that records no node is redispatched straight to the keys below autograd with the key
+// set the dispatcher handed in (one dispatcher hop, as torch's own generated autograd kernels do).
 
-at::Tensor linear_autograd(const at::Tensor& input, const at::Tensor& weight,
-                           const std::optional<at::Tensor>& bias) {
+// The typed handle of cutlass_nn::<name>, looked up once.
+#define CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, name, Signature, ...)                         \
+  do {                                                                                       \
+    static const auto op = detail::find_op<Signature>("cutlass_nn::" name);                  \
+    return op.redispatch((ks) & c10::after_autograd_keyset, __VA_ARGS__);                    \
+  } while (false)
+
+using LinearSig = at::Tensor(const at::Tensor&, const at::Tensor&,
+                             const std::optional<at::Tensor>&);
+using BinarySig = at::Tensor(const at::Tensor&, const at::Tensor&);
+using LinearActSig = at::Tensor(const at::Tensor&, const at::Tensor&,
+                                const std::optional<at::Tensor>&, c10::string_view);
+using LinearActAuxSig = std::tuple<at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view);
+using ActivationGradSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&,
+                                                             const at::Tensor&,
+                                                             c10::string_view, bool);
+
+at::Tensor linear_autograd(c10::DispatchKeySet ks, const at::Tensor& input,
+                           const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   if (!records_node(input, weight, bias)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    return cutlass_nn::linear(input, weight, bias);
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "linear", LinearSig, input, weight, bias);
   }
   return LinearFunction::apply(input, weight, bias)[0];
 }
 
-at::Tensor linear_dgrad_autograd(const at::Tensor& grad_output, const at::Tensor& weight) {
+at::Tensor linear_dgrad_autograd(c10::DispatchKeySet ks, const at::Tensor& grad_output,
+                                 const at::Tensor& weight) {
   if (!records_node(grad_output, weight)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    return cutlass_nn::linear_dgrad(grad_output, weight);
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "linear_dgrad", BinarySig, grad_output, weight);
   }
   return LinearDgradFunction::apply(grad_output, weight)[0];
 }
 
-at::Tensor linear_wgrad_autograd(const at::Tensor& grad_output, const at::Tensor& input) {
+at::Tensor linear_wgrad_autograd(c10::DispatchKeySet ks, const at::Tensor& grad_output,
+                                 const at::Tensor& input) {
   if (!records_node(grad_output, input)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    return cutlass_nn::linear_wgrad(grad_output, input);
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "linear_wgrad", BinarySig, grad_output, input);
   }
   return LinearWgradFunction::apply(grad_output, input)[0];
 }
 
-at::Tensor bias_grad_autograd(const at::Tensor& grad_output) {
+at::Tensor bias_grad_autograd(c10::DispatchKeySet ks, const at::Tensor& grad_output) {
   if (!records_node(grad_output)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    return cutlass_nn::bias_grad(grad_output);
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "bias_grad", at::Tensor(const at::Tensor&),
+                                         grad_output);
   }
   return BiasGradFunction::apply(grad_output)[0];
 }
 
-at::Tensor mm_autograd(const at::Tensor& a, const at::Tensor& b) {
+at::Tensor mm_autograd(c10::DispatchKeySet ks, const at::Tensor& a, const at::Tensor& b) {
   if (!records_node(a, b)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    return cutlass_nn::mm(a, b);
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "mm", BinarySig, a, b);
   }
   return MmFunction::apply(a, b)[0];
 }
 
-at::Tensor add2_autograd(const at::Tensor& a, const at::Tensor& b) {
+at::Tensor add2_autograd(c10::DispatchKeySet ks, const at::Tensor& a, const at::Tensor& b) {
   if (!records_node(a, b)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    return cutlass_nn::add2(a, b);
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "add2", BinarySig, a, b);
   }
   return Add2Function::apply(a, b)[0];
 }
 
-at::Tensor linear_act_autograd(const at::Tensor& input, const at::Tensor& weight,
-                               const std::optional<at::Tensor>& bias,
+at::Tensor linear_act_autograd(c10::DispatchKeySet ks, const at::Tensor& input,
+                               const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                c10::string_view activation) {
   if (!records_node(input, weight, bias)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    return cutlass_nn::linear_act(input, weight, bias, activation);
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "linear_act", LinearActSig, input, weight, bias,
+                                         activation);
   }
   return LinearActFunction::apply(input, weight, bias, activation)[0];
 }
 
-std::tuple<at::Tensor, at::Tensor> linear_act_aux_autograd(const at::Tensor& input,
+std::tuple<at::Tensor, at::Tensor> linear_act_aux_autograd(c10::DispatchKeySet ks,
+                                                           const at::Tensor& input,
                                                            const at::Tensor& weight,
                                                            const std::optional<at::Tensor>& bias,
                                                            c10::string_view activation) {
   if (!records_node(input, weight, bias)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    return cutlass_nn::linear_act_aux(input, weight, bias, activation);
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "linear_act_aux", LinearActAuxSig, input, weight,
+                                         bias, activation);
   }
   const auto out = LinearActAuxFunction::apply(input, weight, bias, activation);
   return {out[0], out[1]};
 }
 
-std::tuple<at::Tensor, at::Tensor> activation_grad_autograd(const at::Tensor& grad_output,
+std::tuple<at::Tensor, at::Tensor> activation_grad_autograd(c10::DispatchKeySet ks,
+                                                            const at::Tensor& grad_output,
                                                             const at::Tensor& preact,
                                                             c10::string_view activation,
                                                             bool bias_grad) {
   if (!records_node(grad_output, preact)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    return cutlass_nn::activation_grad(grad_output, preact, activation, bias_grad);
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "activation_grad", ActivationGradSig, grad_output,
+                                         preact, activation, bias_grad);
   }
   const auto out = ActivationGradFunction::apply(grad_output, preact, activation, bias_grad);
   return {out[0], out[1]};
 }
+
+#undef CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD
 
 }  // namespace
 

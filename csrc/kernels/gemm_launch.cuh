@@ -5,9 +5,6 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
-#include <cstdint>
-
 #include "cutlass/bfloat16.h"
 #include "cutlass/cutlass.h"
 #include "cutlass/half.h"
@@ -85,76 +82,6 @@ GemmStatus run_cutlass(typename Gemm::Arguments const& args, void* workspace,
   }
   if (gemm.run(stream) != cutlass::Status::kSuccess) {
     return fail(GemmStatus::kRunFailed, detail, "CUTLASS run() failed");
-  }
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return fail(GemmStatus::kLaunchFailed, detail,
-                "cudaGetLastError() after the CUTLASS kernel launch was not cudaSuccess");
-  }
-  return GemmStatus::kSuccess;
-}
-
-// Whether a kernel's dynamic shared-memory attribute is set on a device (one flag per kernel
-// instantiation and device). The attribute belongs to the function in the device's context, so
-// setting it once per device is enough; CUTLASS 3.x's initialize() sets it on every call, a
-// cudaFuncSetAttribute per GEMM on the host's critical path.
-template <class Gemm>
-struct SmemAttribute {
-  static std::atomic<uint64_t>& flags() {
-    static std::atomic<uint64_t> bits{0};
-    return bits;
-  }
-  static bool ready(int device) {
-    return device >= 0 && device < 64 && ((flags().load(std::memory_order_acquire) >> device) & 1u);
-  }
-  static void mark(int device) {
-    if (device >= 0 && device < 64) flags().fetch_or(uint64_t{1} << device, std::memory_order_release);
-  }
-};
-
-// run_cutlass for CUTLASS 3.x device operators (GemmUniversalAdapter): the first call per
-// device goes through initialize(), which sets the shared-memory attribute; later calls build
-// the kernel parameters themselves (initialize_workspace + to_underlying_arguments, what
-// initialize() does besides the attribute) and launch with the static run(params, stream).
-template <class Gemm>
-GemmStatus run_cutlass3(typename Gemm::Arguments const& args, void* workspace,
-                        size_t workspace_bytes, cudaStream_t stream, const char** detail,
-                        size_t* workspace_query) {
-  if (workspace_query != nullptr) {
-    *workspace_query = Gemm::get_workspace_size(args);
-    return GemmStatus::kSuccess;
-  }
-  if (Gemm::can_implement(args) != cutlass::Status::kSuccess) {
-    return fail(GemmStatus::kCannotImplement, detail,
-                "CUTLASS can_implement() rejected the problem (sizes, strides or alignment)");
-  }
-  size_t needed = Gemm::get_workspace_size(args);
-  if (workspace_bytes < needed || (needed > 0 && workspace == nullptr)) {
-    return fail(GemmStatus::kWorkspaceTooSmall, detail,
-                "workspace smaller than gemm_workspace_size()");
-  }
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess) device = -1;
-  if (!SmemAttribute<Gemm>::ready(device)) {
-    Gemm gemm;
-    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
-      return fail(GemmStatus::kInitializeFailed, detail, "CUTLASS initialize() failed");
-    }
-    SmemAttribute<Gemm>::mark(device);
-    if (gemm.run(stream) != cutlass::Status::kSuccess) {
-      return fail(GemmStatus::kRunFailed, detail, "CUTLASS run() failed");
-    }
-  } else {
-    using Kernel = typename Gemm::GemmKernel;
-    if (Kernel::initialize_workspace(args, workspace, stream, nullptr) !=
-        cutlass::Status::kSuccess) {
-      return fail(GemmStatus::kInitializeFailed, detail,
-                  "CUTLASS initialize_workspace() failed");
-    }
-    typename Gemm::Params params = Kernel::to_underlying_arguments(args, workspace);
-    if (Gemm::run(params, stream) != cutlass::Status::kSuccess) {
-      return fail(GemmStatus::kRunFailed, detail, "CUTLASS run() failed");
-    }
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {

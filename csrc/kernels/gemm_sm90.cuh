@@ -16,9 +16,12 @@
 // (TMA requirement) and, for the row-broadcast bias, when beta == 1 (the bias is not scaled).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <type_traits>
 
 #include "cute/tensor.hpp"
+#include "cutlass/cluster_launch.hpp"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
@@ -378,6 +381,108 @@ struct Sm90Gemm {
     return args;
   }
 };
+
+namespace detail {
+
+// Whether a kernel's dynamic shared-memory attribute is set on a device (one flag per kernel
+// instantiation and device). The attribute belongs to the function in the device's context, so
+// setting it once per device is enough; CUTLASS 3.x's initialize() sets it on every call, a
+// cudaFuncSetAttribute per GEMM on the host's critical path.
+template <class Gemm>
+struct SmemAttribute {
+  static std::atomic<uint64_t>& flags() {
+    static std::atomic<uint64_t> bits{0};
+    return bits;
+  }
+  static bool ready(int device) {
+    return device >= 0 && device < 64 && ((flags().load(std::memory_order_acquire) >> device) & 1u);
+  }
+  static void mark(int device) {
+    if (device >= 0 && device < 64) flags().fetch_or(uint64_t{1} << device, std::memory_order_release);
+  }
+};
+
+// Launches an SM90 kernel whose attributes are already set on this device: what
+// GemmUniversalAdapter::run(params, stream) does (no PDL, no host adapter), less the
+// cudaFuncSetAttribute(NonPortableClusterSizeAllowed) that CUTLASS's cluster launcher makes
+// before every launch of a kernel with a cluster larger than 1x1x1.
+template <class Gemm>
+cutlass::Status launch_sm90(typename Gemm::Params& params, cudaStream_t stream) {
+  using Kernel = typename Gemm::GemmKernel;
+  using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
+  constexpr bool kSingleCta = cute::is_static_v<Cluster> && cute::size(Cluster{}) == 1;
+  if constexpr (kSingleCta) {
+    return Gemm::run(params, stream);  // a plain launch, no attribute calls
+  } else {
+    const dim3 block = Kernel::get_block_shape();
+    const dim3 grid = Gemm::get_grid_shape(params);
+    const dim3 cluster(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}),
+                       cute::size<2>(Cluster{}));
+    auto config = cutlass::ClusterLauncher::make_cluster_launch_config(
+        grid, cluster, block, Kernel::SharedStorageSize, stream, /*launch_with_pdl=*/false);
+    config.launch_config.attrs = config.launch_attribute;  // this copy's own attribute array
+    void* kernel_params[] = {&params};
+    const cudaError_t err = cudaLaunchKernelExC(
+        &config.launch_config, reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>),
+        kernel_params);
+    return err == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal;
+  }
+}
+
+// run_cutlass for CUTLASS 3.x device operators (GemmUniversalAdapter): the first call per
+// device goes through initialize() and run(), which set the kernel's attributes (dynamic shared
+// memory, non-portable cluster size); later calls build the kernel parameters themselves
+// (initialize_workspace + to_underlying_arguments, what initialize() does besides the
+// attribute) and launch with launch_sm90, which sets none.
+template <class Gemm>
+GemmStatus run_cutlass3(typename Gemm::Arguments const& args, void* workspace,
+                        size_t workspace_bytes, cudaStream_t stream, const char** detail,
+                        size_t* workspace_query) {
+  if (workspace_query != nullptr) {
+    *workspace_query = Gemm::get_workspace_size(args);
+    return GemmStatus::kSuccess;
+  }
+  if (Gemm::can_implement(args) != cutlass::Status::kSuccess) {
+    return fail(GemmStatus::kCannotImplement, detail,
+                "CUTLASS can_implement() rejected the problem (sizes, strides or alignment)");
+  }
+  size_t needed = Gemm::get_workspace_size(args);
+  if (workspace_bytes < needed || (needed > 0 && workspace == nullptr)) {
+    return fail(GemmStatus::kWorkspaceTooSmall, detail,
+                "workspace smaller than gemm_workspace_size()");
+  }
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) device = -1;
+  if (!SmemAttribute<Gemm>::ready(device)) {
+    Gemm gemm;
+    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
+      return fail(GemmStatus::kInitializeFailed, detail, "CUTLASS initialize() failed");
+    }
+    if (gemm.run(stream) != cutlass::Status::kSuccess) {
+      return fail(GemmStatus::kRunFailed, detail, "CUTLASS run() failed");
+    }
+    SmemAttribute<Gemm>::mark(device);
+  } else {
+    using Kernel = typename Gemm::GemmKernel;
+    if (Kernel::initialize_workspace(args, workspace, stream, nullptr) !=
+        cutlass::Status::kSuccess) {
+      return fail(GemmStatus::kInitializeFailed, detail,
+                  "CUTLASS initialize_workspace() failed");
+    }
+    typename Gemm::Params params = Kernel::to_underlying_arguments(args, workspace);
+    if (launch_sm90<Gemm>(params, stream) != cutlass::Status::kSuccess) {
+      return fail(GemmStatus::kRunFailed, detail, "CUTLASS run() failed");
+    }
+  }
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return fail(GemmStatus::kLaunchFailed, detail,
+                "cudaGetLastError() after the CUTLASS kernel launch was not cudaSuccess");
+  }
+  return GemmStatus::kSuccess;
+}
+
+}  // namespace detail
 
 template <DType AB, DType CD, Layout LA, Layout LB, int Align, int Config, EpilogueKind Epi,
           Activation Act>
