@@ -20,12 +20,16 @@ Each at a host-bound size (hidden 1024, 2 layers) and a GPU-bound one (hidden 40
 4096 tokens per step (batch 4 x 1024), bfloat16 parameters, fused AdamW, in eager mode, under
 ``torch.compile`` and under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs).
 
-Method per row (family, size, mode): the stock model runs first, then the converted copy of the
-same initial weights on the same batches, each alone on the GPU (so that peak memory is its own).
-Each: warm-up steps (compilation included), then ``--steps`` timed steps in blocks of
-``--block`` back-to-back steps with no synchronization inside a block (as a training loop runs;
-the losses are read after the block); step time = the median over blocks of block wall time /
-steps. Reported: step time, tokens/s, ratio (stock step time / converted step time: > 1 means
+Method per row (family, size, mode): the stock model and the converted copy of the same initial
+weights are built and warmed up (compiled) one after the other, and the first step of each is
+profiled to check that the converted model runs cutlass_nn operators and the stock one does
+not. Then ``--steps`` timed steps per side in blocks of ``--block`` back-to-back steps with no
+synchronization inside a block (as a training loop runs; the losses are read after the block),
+the two sides alternating block by block (and which goes first alternating each round), so that
+drift of the host's speed reaches both alike; both step through the same batches. Step time =
+the median over a side's blocks of block wall time / steps. Peak memory of a side = what it keeps
+allocated after its warm-up (parameters, optimizer state, compiled graphs' memory) + the largest
+rise of the allocator's peak during one of its blocks. Reported: step time, tokens/s, ratio (stock step time / converted step time: > 1 means
 the converted model is faster), peak allocated memory during the timed steps and its ratio
 (converted / stock), the host time to enqueue one step, and the largest loss difference over all
 timed steps (agreement: at most ``LOSS_RTOL`` of the stock loss).
@@ -175,8 +179,23 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def run_side(
-    model: nn.Module,
+SIDES = ("stock", "cutlass_nn")
+
+
+def _memory_allocated(device) -> int:
+    return torch.cuda.memory_allocated() if torch.device(device).type == "cuda" else 0
+
+
+def _ran_cutlass_ops(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, bool]:
+    """One step under the CPU profiler: its loss, and whether a cutlass_nn operator ran (the
+    first steps of a compiled model run its operators on the host, CUDA graphs included)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        loss = trainer.step(batch)
+    return loss, any(e.name.startswith("cutlass_nn::") for e in prof.events())
+
+
+def run_sides(
+    models: dict[str, Callable[[], nn.Module]],
     mode: str,
     batches: Sequence[dict[str, torch.Tensor]],
     *,
@@ -184,49 +203,65 @@ def run_side(
     steps: int,
     block: int,
     device,
-) -> dict[str, Any]:
-    """Trains ``model`` on ``batches`` (cycled): ``warmup`` steps, then ``steps`` timed steps in
-    blocks of ``block``; returns step times, host enqueue time, losses and peak memory."""
+) -> dict[str, dict[str, Any]]:
+    """Builds and warms up each side (compiling it), then times them in alternating blocks of
+    ``block`` back-to-back steps (the side that goes first alternates), so that drift of the
+    host's speed over the run reaches both sides alike. Each side steps through the same batch
+    sequence. Returns per side: median step time over its blocks, host enqueue time, losses,
+    whether cutlass_nn operators ran, and (CUDA) peak memory = the memory the side keeps
+    (parameters, optimizer state, compiled graphs' pools) + the largest transient of its steps."""
     cuda = torch.device(device).type == "cuda"
-    trainer = Trainer(model, mode, device)
-    i = 0
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        trainer.step(batches[i % len(batches)])
-        i += 1
-    _sync(device)
-    warmup_s = time.perf_counter() - t0
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        base_alloc = torch.cuda.memory_allocated()
-    losses: list[float] = []
-    block_ms: list[float] = []
-    enqueue_ms: list[float] = []
+    trainers: dict[str, Trainer] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for side, make in models.items():
+        before = _memory_allocated(device)
+        t0 = time.perf_counter()
+        trainers[side] = trainer = Trainer(make(), mode, device)
+        _, ran_ops = _ran_cutlass_ops(trainer, batches[0])
+        for i in range(1, warmup):
+            trainer.step(batches[i % len(batches)])
+        _sync(device)
+        out[side] = {
+            "warmup_s": time.perf_counter() - t0,
+            "ran_cutlass_ops": ran_ops,
+            "persistent_bytes": _memory_allocated(device) - before,
+            "losses": [],
+            "block_step_ms": [],
+            "enqueue_all_ms": [],
+            "transient_bytes": 0,
+        }
     done = 0
+    rounds = 0
     while done < steps:
         n = min(block, steps - done)
-        pending = []
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(n):
-            s0 = time.perf_counter()
-            pending.append(trainer.step(batches[i % len(batches)]))
-            enqueue_ms.append((time.perf_counter() - s0) * 1e3)
-            i += 1
-        _sync(device)
-        block_ms.append((time.perf_counter() - start) * 1e3 / n)
-        losses += [float(x) for x in pending]
+        for side in SIDES if rounds % 2 == 0 else SIDES[::-1]:
+            rec, trainer = out[side], trainers[side]
+            _sync(device)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            start_alloc = _memory_allocated(device)
+            pending = []
+            start = time.perf_counter()
+            for j in range(n):
+                s0 = time.perf_counter()
+                pending.append(trainer.step(batches[(done + j) % len(batches)]))
+                rec["enqueue_all_ms"].append((time.perf_counter() - s0) * 1e3)
+            _sync(device)
+            rec["block_step_ms"].append((time.perf_counter() - start) * 1e3 / n)
+            if cuda:
+                rec["transient_bytes"] = max(
+                    rec["transient_bytes"], torch.cuda.max_memory_allocated() - start_alloc
+                )
+            rec["losses"] += [float(x) for x in pending]
         done += n
-    out = {
-        "step_ms": statistics.median(block_ms),
-        "block_step_ms": block_ms,
-        "enqueue_ms": statistics.median(enqueue_ms),
-        "losses": losses,
-        "warmup_s": warmup_s,
-    }
-    if cuda:
-        out["peak_bytes"] = torch.cuda.max_memory_allocated()
-        out["persistent_bytes"] = base_alloc
+        rounds += 1
+    for rec in out.values():
+        rec["step_ms"] = statistics.median(rec["block_step_ms"])
+        rec["enqueue_ms"] = statistics.median(rec.pop("enqueue_all_ms"))
+        if cuda:
+            rec["peak_bytes"] = rec["persistent_bytes"] + rec["transient_bytes"]
+        else:
+            del rec["persistent_bytes"], rec["transient_bytes"]
     return out
 
 
@@ -282,22 +317,32 @@ def run_row(
     }
     try:
         batches = make_batches(size, 4, device)
-        sides = {}
-        for side in ("stock", "cutlass_nn"):
-            with torch.device(device):  # initialize on the device: fast for the large sizes
-                model = build_model(spec.family, size).to(dtype=dtype)
-            row["parameters"] = sum(p.numel() for p in model.parameters())
-            row["linears"] = count_linears(model)
-            if side == "cutlass_nn":
-                model = cutlass_nn.convert(model)
-            torch._dynamo.reset()  # each side compiles its own graphs
-            sides[side] = run_side(
-                model, spec.mode, batches, warmup=warmup, steps=steps, block=block, device=device
+
+        def make(side: str) -> Callable[[], nn.Module]:
+            def build() -> nn.Module:
+                with torch.device(device):  # initialized on the device: fast for large sizes
+                    model = build_model(spec.family, size).to(dtype=dtype)
+                row["parameters"] = sum(p.numel() for p in model.parameters())
+                row["linears"] = count_linears(model)
+                return cutlass_nn.convert(model) if side == "cutlass_nn" else model
+
+            return build
+
+        torch._dynamo.reset()
+        sides = run_sides(
+            {side: make(side) for side in SIDES},
+            spec.mode,
+            batches,
+            warmup=warmup,
+            steps=steps,
+            block=block,
+            device=device,
+        )
+        if not sides["cutlass_nn"]["ran_cutlass_ops"] or sides["stock"]["ran_cutlass_ops"]:
+            raise RuntimeError(
+                "the converted model ran no cutlass_nn operator (or the stock one did): the "
+                "comparison would be meaningless"
             )
-            del model
-            gc.collect()
-            if torch.device(device).type == "cuda":
-                torch.cuda.empty_cache()
         row.update(sides)
         stock, ours = sides["stock"], sides["cutlass_nn"]
         row["ratio"] = stock["step_ms"] / ours["step_ms"]
@@ -312,8 +357,11 @@ def run_row(
         row["note"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
         row["traceback"] = traceback.format_exc(limit=12)
     finally:
+        sides = None
         torch._dynamo.reset()
         gc.collect()
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
     return row
 
 

@@ -37,6 +37,7 @@ def test_model_row_on_cpu(family):
     for side in ("stock", "cutlass_nn"):
         assert len(row[side]["losses"]) == 4 and len(row[side]["block_step_ms"]) == 2
         assert row[side]["step_ms"] > 0 and row[side]["tokens_per_s"] > 0
+    assert row["cutlass_nn"]["ran_cutlass_ops"] and not row["stock"]["ran_cutlass_ops"]
     assert row["loss"]["agree"], row["loss"]
     assert row["loss"]["max_abs_diff"] < 1e-3  # float32 on CPU: the same arithmetic
     assert row["ratio"] == pytest.approx(row["stock"]["step_ms"] / row["cutlass_nn"]["step_ms"])
@@ -51,6 +52,32 @@ def test_converted_model_runs_cutlass_ops():
         bench_models.Trainer(model, "eager", "cpu").step(batch)
     names = {e.name for e in prof.events()}
     assert {"cutlass_nn::linear", "cutlass_nn::linear_dgrad", "cutlass_nn::linear_wgrad"} <= names
+
+
+def test_sides_alternate_blocks():
+    """run_sides times the sides in alternating blocks (who goes first alternates each round)
+    and gives each side the same batch sequence."""
+    order = []
+
+    class Recorder(torch.nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, input_ids, labels):
+            order.append((self.name, int(input_ids[0, 0])))
+            return type("Out", (), {"loss": (self.w * input_ids.float()).mean()})()
+
+    batches = [{"input_ids": torch.full((1, 2), i), "labels": torch.zeros(1, 2)} for i in range(4)]
+    out = bench_models.run_sides(
+        {"stock": lambda: Recorder("s"), "cutlass_nn": lambda: Recorder("c")},
+        "eager", batches, warmup=1, steps=4, block=2, device="cpu",
+    )
+    timed = order[2:]  # after one warm-up step per side
+    assert [name for name, _ in timed] == ["s", "s", "c", "c", "c", "c", "s", "s"]
+    assert [b for n, b in timed if n == "s"] == [b for n, b in timed if n == "c"] == [0, 1, 2, 3]
+    assert len(out["stock"]["block_step_ms"]) == 2 and len(out["stock"]["losses"]) == 4
 
 
 def test_loss_comparison_and_targets():

@@ -16,6 +16,7 @@
 #include "../validation.h"
 #include "activation.h"
 #include "device_info.h"
+#include "empty_output.h"
 #include "launch_check.h"
 
 namespace cutlass_nn {
@@ -61,8 +62,8 @@ std::tuple<at::Tensor, at::Tensor> activation_grad_cuda(const at::Tensor& grad_o
   for (int64_t d = 0; d + 1 < preact.dim(); ++d) rows *= preact.size(d);
 
   at::Tensor grad_z =
-      at::empty(preact.sizes(), preact.options().memory_format(at::MemoryFormat::Contiguous));
-  at::Tensor grad_bias = at::empty({bias_grad ? cols : 0}, preact.options());
+      empty_output(preact.sizes(), preact.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor grad_bias = empty_output({bias_grad ? cols : 0}, preact.options());
   const kernels::DType dtype = kernel_dtype(preact.scalar_type());
   const int multiprocessors = device_info(device).multiprocessors;
 
@@ -72,7 +73,7 @@ std::tuple<at::Tensor, at::Tensor> activation_grad_cuda(const at::Tensor& grad_o
     workspace_bytes = kernels::activation_backward_workspace_size(dtype, rows, cols,
                                                                   multiprocessors);
     // The caching allocator's blocks are at least 512-byte aligned (the kernel needs 16).
-    workspace = at::empty({static_cast<int64_t>(workspace_bytes)},
+    workspace = empty_output({static_cast<int64_t>(workspace_bytes)},
                           preact.options().dtype(at::kByte));
   }
   check_launch(op,
@@ -92,7 +93,7 @@ at::Tensor apply_activation_cuda(const char* op, const at::Tensor& preact,
   c10::cuda::CUDAGuard guard(preact.device());
   const at::Tensor z = preact.contiguous();
   at::Tensor out =
-      at::empty(preact.sizes(), preact.options().memory_format(at::MemoryFormat::Contiguous));
+      empty_output(preact.sizes(), preact.options().memory_format(at::MemoryFormat::Contiguous));
   launch_forward(op, z, out, act);
   return out;
 }

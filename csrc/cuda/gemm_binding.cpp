@@ -15,6 +15,7 @@
 
 #include "../validation.h"
 #include "device_info.h"
+#include "empty_output.h"
 #include "gemm_params.h"
 #include "split_tf32.h"
 
@@ -94,7 +95,7 @@ void run_planned(const char* op, const kernels::GemmPlan& plan, const at::Tensor
                  const at::Tensor& d, const DeviceInfo& info, cudaStream_t stream) {
   at::Tensor workspace;
   if (plan.workspace_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)},
+    workspace = empty_output({static_cast<int64_t>(plan.workspace_bytes)},
                           a.options().dtype(at::kByte));
   }
   const char* detail = nullptr;
@@ -127,7 +128,7 @@ bool is_row_major_output(const at::Tensor& t) {
 }
 
 at::Tensor empty_row_major(const at::Tensor& like, int64_t m, int64_t n) {
-  return at::empty({m, n}, like.options().memory_format(at::MemoryFormat::Contiguous));
+  return empty_output({m, n}, like.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
 namespace {
@@ -273,8 +274,8 @@ void gemm_split_tf32(const char* op, const at::Tensor& a, const at::Tensor& b, c
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   const int64_t kp = split_segment_k(k), np = (n + 3) / 4 * 4;
   const auto options = a.options().memory_format(at::MemoryFormat::Contiguous);
-  const at::Tensor a3 = at::empty({m, 3 * kp}, options);
-  const at::Tensor b3 = at::empty({np, 3 * kp}, options);
+  const at::Tensor a3 = empty_output({m, 3 * kp}, options);
+  const at::Tensor b3 = empty_output({np, 3 * kp}, options);
   if (np > n) b3.narrow(0, n, np - n).zero_();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
   const float* a_ptr = static_cast<const float*>(a.data_ptr());

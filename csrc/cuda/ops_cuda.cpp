@@ -17,6 +17,7 @@
 #include "../validation.h"
 #include "activation_cuda.h"
 #include "device_info.h"
+#include "empty_output.h"
 #include "elementwise.h"
 #include "gemm_binding.h"
 #include "launch_check.h"
@@ -40,7 +41,7 @@ at::Tensor linear_cuda(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias) {
   check_linear_args(input, weight, bias);
   const at::Tensor x = flatten_leading(input);
-  at::Tensor y = at::empty(with_last_dim(input, weight.size(0)), input.options());
+  at::Tensor y = empty_output(with_last_dim(input, weight.size(0)), input.options());
   gemm("linear", x, weight.t(), y.view({x.size(0), weight.size(0)}), bias, /*accumulate=*/false);
   return y;
 }
@@ -60,8 +61,8 @@ std::tuple<at::Tensor, at::Tensor> linear_act_impl(const char* op, const at::Ten
   const at::Tensor x = flatten_leading(input);
   const int64_t rows = x.size(0), n = weight.size(0);
   const auto shape = with_last_dim(input, n);
-  at::Tensor out = at::empty(shape, input.options());
-  at::Tensor preact = want_preact ? at::empty(shape, input.options()) : at::Tensor();
+  at::Tensor out = empty_output(shape, input.options());
+  at::Tensor preact = want_preact ? empty_output(shape, input.options()) : at::Tensor();
   if (act != kernels::Activation::kIdentity) {
     at::Tensor preact2d = want_preact ? preact.view({rows, n}) : at::Tensor();
     if (gemm_fused_activation(op, x, weight.t(), out.view({rows, n}), bias, act,
@@ -97,7 +98,7 @@ std::tuple<at::Tensor, at::Tensor> linear_act_aux_cuda(const at::Tensor& input,
 at::Tensor linear_dgrad_cuda(const at::Tensor& grad_output, const at::Tensor& weight) {
   check_linear_dgrad_args(grad_output, weight);
   const at::Tensor dy = flatten_leading(grad_output);
-  at::Tensor dx = at::empty(with_last_dim(grad_output, weight.size(1)), grad_output.options());
+  at::Tensor dx = empty_output(with_last_dim(grad_output, weight.size(1)), grad_output.options());
   gemm("linear_dgrad", dy, weight, dx.view({dy.size(0), weight.size(1)}), std::nullopt,
        /*accumulate=*/false);
   return dx;
@@ -122,7 +123,7 @@ void linear_wgrad_accumulate_cuda(const at::Tensor& grad_weight, const at::Tenso
     // beta = 1 with C == D: the kernel adds its fp32 accumulators to the existing gradient.
     gemm("linear_wgrad_accumulate_", dy.t(), x, grad_weight, std::nullopt, /*accumulate=*/true);
   } else {
-    at::Tensor partial = at::empty(grad_weight.sizes(), grad_weight.options());
+    at::Tensor partial = empty_output(grad_weight.sizes(), grad_weight.options());
     gemm("linear_wgrad_accumulate_", dy.t(), x, partial, std::nullopt, /*accumulate=*/false);
     const_cast<at::Tensor&>(grad_weight).add_(partial);
   }
@@ -134,7 +135,7 @@ at::Tensor bias_grad_cuda(const at::Tensor& grad_output) {
   at::Tensor dy = flatten_leading(grad_output);
   if (!is_row_major_output(dy)) dy = dy.contiguous();
   const int64_t rows = dy.size(0), cols = dy.size(1);
-  at::Tensor out = at::empty({cols}, grad_output.options());
+  at::Tensor out = empty_output({cols}, grad_output.options());
   const kernels::DType dtype = elementwise_dtype(dy.scalar_type());
   const int64_t ld = rows > 1 ? dy.stride(0) : cols;
   check_launch("bias_grad",
@@ -176,7 +177,7 @@ at::Tensor add2_cuda(const at::Tensor& a, const at::Tensor& b) {
   // launch is enqueued.
   const at::Tensor ac = a.contiguous();
   const at::Tensor bc = b.contiguous();
-  at::Tensor out = at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out = empty_output(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
   check_launch("add2",
                kernels::launch_add2(elementwise_dtype(a.scalar_type()), ac.data_ptr(),
                                     bc.data_ptr(), out.data_ptr(), a.numel(),
