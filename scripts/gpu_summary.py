@@ -46,7 +46,7 @@ def main() -> None:
     print("# cutlass_nn GPU check\n")
     print(f"- date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}")
     print(f"- command: `{args.command}`")
-    knobs = [f"{k}={os.environ[k]}" for k in ("CUTLASS_NN_CUDA_ARCHS", "MAX_JOBS", "PYTEST_TARGETS")
+    knobs = [f"{k}={os.environ[k]}" for k in ("CUTLASS_NN_CUDA_ARCHS", "MAX_JOBS", "PYTEST_TARGETS", "SKIP_BUILD")
              if os.environ.get(k)]
     if knobs:
         print(f"- environment: {', '.join(knobs)}")
