@@ -33,9 +33,24 @@ def convert(module: nn.Module, filter_fn: FilterFn | None = None) -> nn.Module:
     Returns:
         ``module`` (converted in place), or the new root layer.
 
+    Raises:
+        TypeError: ``module`` is not an ``nn.Module``, or ``filter_fn`` is not callable
+            (nothing is changed).
+
     Warns:
         ``UserWarning`` when no layer was converted.
     """
+
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"cutlass_nn.convert: argument 'module' must be a torch.nn.Module, got "
+            f"{type(module).__module__}.{type(module).__qualname__}"
+        )
+    if filter_fn is not None and not callable(filter_fn):
+        raise TypeError(
+            "cutlass_nn.convert: argument 'filter_fn' must be None or a callable "
+            f"filter_fn(name, module) -> bool, got {type(filter_fn).__qualname__}"
+        )
 
     def accepted(name: str, child: nn.Module) -> bool:
         return type(child) is nn.Linear and (filter_fn is None or filter_fn(name, child))

@@ -288,3 +288,22 @@ def test_outputs_are_not_views_so_inplace_ops_work(shape):
     torch.testing.assert_close(x.grad, x_ref.grad)
     g = torch.randn(*shape[:-1], 8)
     assert not torch.ops.cutlass_nn.linear_dgrad(g, ours[0].weight.detach())._is_view()
+
+
+@pytest.mark.parametrize(
+    "module, expected",
+    [("model.pt", "builtins.str"), (None, "builtins.NoneType"), (torch.randn(2, 2), "torch.Tensor")],
+)
+def test_convert_rejects_non_modules(module, expected):
+    """convert of something that is not an nn.Module: a TypeError naming the argument and the
+    type it got (not an AttributeError from deep inside)."""
+    with pytest.raises(TypeError, match=rf"cutlass_nn.convert: argument 'module' must be a "
+                       rf"torch.nn.Module, got {expected}"):
+        cutlass_nn.convert(module)
+
+
+def test_convert_rejects_a_non_callable_filter_and_changes_nothing():
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(TypeError, match="argument 'filter_fn' must be None or a callable"):
+        cutlass_nn.convert(model, filter_fn="0")
+    assert type(model[0]) is nn.Linear
