@@ -45,6 +45,9 @@ bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); 
 
 bool needs_grad(const std::optional<at::Tensor>& t) { return t.has_value() && needs_grad(*t); }
 
+// Whether an optional tensor argument is an autograd input (an edge): present and defined.
+bool has_tensor(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
 // Whether a call with these inputs records an autograd node.
 template <class... Ts>
 bool records_node(const Ts&... inputs) {
@@ -68,7 +71,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
                                const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
     ctx->save_for_backward({input, weight});
-    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["has_bias"] = has_tensor(bias);
     at::AutoDispatchBelowADInplaceOrView below;
     return {cutlass_nn::linear(input, weight, bias)};
   }
@@ -192,7 +195,7 @@ class LinearActAuxFunction : public torch::autograd::Function<LinearActAuxFuncti
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
                                const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                c10::string_view activation) {
-    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["has_bias"] = has_tensor(bias);
     ctx->saved_data["activation"] = std::string(activation);
     // The pre-activation output is usually unused (its gradient would be zeros): undefined
     // gradients reach the backward instead of materialized zeros.
@@ -217,7 +220,7 @@ class LinearActFunction : public torch::autograd::Function<LinearActFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
                                const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                c10::string_view activation) {
-    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["has_bias"] = has_tensor(bias);
     ctx->saved_data["activation"] = std::string(activation);
     // One fused GEMM that also stores the pre-activation z, which the backward needs.
     at::Tensor out, preact;
@@ -225,16 +228,18 @@ class LinearActFunction : public torch::autograd::Function<LinearActFunction> {
       at::AutoDispatchBelowADInplaceOrView below;
       std::tie(out, preact) = cutlass_nn::linear_act_aux(input, weight, bias, activation);
     }
-    ctx->save_for_backward({input, weight, bias.has_value() ? *bias : at::Tensor(), preact});
+    ctx->save_for_backward({input, weight, has_tensor(bias) ? *bias : at::Tensor(), preact});
     return {out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
     const auto saved = ctx->get_saved_variables();
     at::Tensor preact = saved[3];
-    if (at::GradMode::is_enabled()) {
+    const std::string& activation = ctx->saved_data["activation"].toStringRef();
+    if (at::GradMode::is_enabled() && activation != "none" && activation != "relu") {
       // create_graph: the saved z has no history; recompute it with the (differentiable)
-      // linear operator so that second-order gradients flow through it.
+      // linear operator so that second-order gradients flow through act'(z). (For "none" and
+      // "relu" act'' is 0: the saved z serves, and a recomputed one could flip relu's mask.)
       preact = cutlass_nn::linear(saved[0], saved[1],
                                   saved[2].defined() ? std::optional<at::Tensor>(saved[2])
                                                      : std::nullopt);
