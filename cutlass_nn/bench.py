@@ -74,7 +74,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import cutlass_nn
-from cutlass_nn import ops
+from cutlass_nn import ops, transformer_shapes
 
 # ---------------------------------------------------------------------------------------------
 # What is measured
@@ -333,6 +333,7 @@ class RowSpec:
     op: str  # GEMM_OPS, LINACT_OPS (the baseline) or ADD2_OPS
     precision: str  # PRECISIONS key ("fp32" = IEEE float32 for GEMMs, plain float32 for add2)
     shape: tuple[int, ...]
+    shape_set: str | None = None  # "transformer" for the rows of --shapes transformer
 
     @property
     def label(self) -> str:
@@ -346,7 +347,7 @@ class RowSpec:
             unit, work = "TFLOP/s", gemm_flops(self.op, m, n, k)
         else:
             unit, work = "GB/s", add2_bytes(self.shape[0], es)
-        return {
+        meta = {
             "group": self.group,
             "op": self.op,
             "precision": self.precision,
@@ -356,14 +357,32 @@ class RowSpec:
             "unit": unit,
             "work": work,
         }
+        if self.shape_set:
+            meta["shape_set"] = self.shape_set
+        return meta
 
 
-def plan_rows(quick: bool, dtypes: Sequence[str], what: Sequence[str]) -> list[RowSpec]:
+def plan_rows(
+    quick: bool,
+    dtypes: Sequence[str],
+    what: Sequence[str],
+    gemm_shapes: Sequence[tuple[int, int, int]] | None = None,
+    shape_set: str | None = None,
+) -> list[RowSpec]:
     """The rows of a run, most important and most predictable first (the run time limit skips
     the tail): 16-bit GEMMs (bf16, then fp16), add2, float32 "highest" GEMMs, linact (bf16; its
     torch.compile baseline compiles first), then the TF32 GEMMs (no target). ``--quick``: fewer
-    shapes, add2 in bf16 only, float32 only "highest" at 4096^3."""
+    shapes, add2 in bf16 only, float32 only "highest" at 4096^3. ``gemm_shapes`` (``--shapes``):
+    only 16-bit GEMM rows, of these shapes, tagged with ``shape_set``."""
     gemm_ops = [op for op in GEMM_OPS if op in what]
+    if gemm_shapes is not None:
+        return [
+            RowSpec("gemm", op, prec, tuple(shape), shape_set)
+            for prec in ("bf16", "fp16")
+            if prec in dtypes
+            for shape in gemm_shapes
+            for op in gemm_ops
+        ]
     fp32_ops = gemm_ops or list(GEMM_OPS)  # the GEMM ops asked for, or all when --what named none
     fp32 = "fp32" in what and "fp32" in dtypes
     rows: list[RowSpec] = []
@@ -1526,11 +1545,13 @@ class Target:
     threshold: float
     max_m: int | None = None  # GEMM rows with M <= max_m only
     min_numel: int = 0  # add2 rows with at least this many elements only
+    shape_set: str | None = None  # rows of this --shapes set only (None: the default shapes)
 
     def selects(self, row: dict) -> bool:
         shape = row.get("shape") or [0]
         return (
-            row.get("group") == self.group
+            row.get("shape_set") == self.shape_set
+            and row.get("group") == self.group
             and row.get("op") in self.ops
             and row.get("precision") in self.precisions
             and (self.max_m is None or shape[0] <= self.max_m)
@@ -1596,6 +1617,21 @@ TARGETS: tuple[Target, ...] = (
         "min",
         0.95,
         min_numel=1 << 24,
+    ),
+    # "Real models, part 2": the transformer shape set (--shapes transformer), per operation
+    *(
+        Target(
+            f"transformer_{op}_{reduce}",
+            f"transformer {op} {reduce}",
+            "gemm",
+            (op,),
+            ("bf16", "fp16"),
+            reduce,
+            threshold,
+            shape_set="transformer",
+        )
+        for op in ("fwd", "dgrad", "wgrad")
+        for reduce, threshold in (("geomean", 1.00), ("min", 0.90))
     ),
     Target(
         "fp32_highest_geomean",
@@ -2041,7 +2077,15 @@ def _csv(choices: Sequence[str]) -> Callable[[str], list[str]]:
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    """``--sweep-shapes``: comma-separated MxNxK labels, e.g. "128x8192x8192,16x8192x8192"."""
+    """``--sweep-shapes`` / ``--shapes``: comma-separated MxNxK labels, e.g.
+    "128x8192x8192,16x8192x8192", or a named set: "transformer" (every layer of the model families
+    of cutlass_nn/transformer_shapes.py at its default token counts) or "transformer:T1/T2/..."
+    (at those token counts)."""
+    if text.strip().startswith("transformer"):
+        try:
+            return transformer_shapes.parse_shape_set(text.strip())
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     shapes = []
     for item in (t.strip() for t in text.split(",")):
         if not item:
@@ -2077,6 +2121,26 @@ def positive_float(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
+
+
+def _planned_rows(args: argparse.Namespace) -> list[RowSpec]:
+    """plan_rows() for the parsed arguments (the --shapes rows when given)."""
+    shapes = getattr(args, "shapes", None)
+    if shapes is None:
+        return plan_rows(args.quick, args.dtypes, args.what)
+    return plan_rows(args.quick, args.dtypes, args.what, shapes, args.shape_set)
+
+
+def _names_transformer(argv: Sequence[str] | None) -> bool:
+    """Whether ``--shapes`` names the transformer set (rather than a list of shapes)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg == "--shapes" and i + 1 < len(argv) else None
+        if arg.startswith("--shapes="):
+            value = arg.split("=", 1)[1]
+        if value is not None:
+            return value.strip().startswith("transformer")
+    return False
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -2127,6 +2191,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"per configuration (default {SWEEP.budget_ms:.0f})",
     )
     parser.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        default=None,
+        metavar="SET|MxNxK,...",
+        help="time only 16-bit GEMM rows (the --what GEMM ops) of these layer shapes: "
+        "'transformer' (the transformer shape set, with its targets), 'transformer:T1/T2' (at "
+        "those token counts) or MxNxK,...",
+    )
+    parser.add_argument(
         "--sweep",
         action="store_true",
         help="time every SM90 tile configuration and swizzle of each GEMM shape (fwd, dgrad, "
@@ -2166,6 +2239,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.plot:
         return args
+    args.shape_set = None
+    if args.shapes is not None:
+        if args.sweep:
+            parser.error("--sweep takes its shapes from --sweep-shapes")
+        if args.quick:
+            parser.error("--shapes and --quick do not mix")
+        args.shape_set = "transformer" if _names_transformer(argv) else "custom"
+        if args.dtypes is None:
+            args.dtypes = ["bf16"]
+        if not [op for op in GEMM_OPS if op in args.what]:
+            parser.error("--shapes times GEMM rows: --what names no GEMM op")
     if args.sweep:
         if args.quick:
             parser.error("--sweep and --quick do not mix (use --budget-ms, --sweep-shapes)")
@@ -2192,7 +2276,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--sweep-shapes, --sweep-swizzles and --sweep-splits need --sweep")
     if args.dtypes is None:
         args.dtypes = ["bf16", "fp32"] if args.quick else list(DTYPE_CHOICES)
-    if not plan_rows(args.quick, args.dtypes, args.what):
+    if not _planned_rows(args):
         parser.error(
             f"nothing to run for --dtypes {','.join(args.dtypes)} --what {','.join(args.what)}"
         )
@@ -2478,7 +2562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.monotonic()
     meta = collect_meta(argv)
     l2 = meta["l2_bytes"] or DEFAULT_L2_BYTES
-    specs = plan_rows(args.quick, args.dtypes, args.what)
+    specs = _planned_rows(args)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"bench_{_slug(meta)}_{_stamp()}{'_quick' if args.quick else ''}"
     json_path, png_path = args.out / f"{stem}.json", args.out / f"{stem}.png"

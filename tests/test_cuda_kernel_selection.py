@@ -468,3 +468,44 @@ def test_stream_k_split_factors(op, splits, gen):
     check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16,
                 f"{op} splits={splits}")
 
+
+
+# The rule at transformer layer shapes (tokens, out, in) of the v0.8 sweeps (132-SM H100 / H200;
+# benchmarks/NOTES.md): which configuration each GEMM of a layer gets, checked against float64.
+# Config 6 / 7: the transposed problem with 64- / 128-row token tiles; 2: 128x128 stream-K /
+# split-K / data-parallel; 3: 128x128 ping-pong; 0: 128x256 cooperative.
+TRANSFORMER_RULE_CASES = [
+    ("linear", (512, 1024, 1024), 6),  # few tiles: transposed, token tile narrowed to fill SMs
+    ("linear", (512, 2304, 768), 7),
+    ("linear", (4096, 256, 1024), 7),  # a grouped-query key/value projection
+    ("linear", (4096, 128, 8192), 6),
+    ("linear_dgrad", (512, 3072, 768), 6),  # dgrad GEMM 512 x 768 x 3072, transposed ("tt")
+    ("linear_wgrad", (4096, 768, 768), 2),  # 36 tiles: K split into 3
+    ("linear_wgrad", (4096, 256, 1024), 2),  # 16 tiles: K split into 4
+    ("linear_wgrad", (4096, 3072, 768), 2),  # 144 tiles: stream-K
+    ("linear", (512, 12288, 4096), 2),  # 192 tiles of 128x256 (1.45 waves): data-parallel 128x128
+    ("linear", (4096, 2304, 768), 3),  # short-ish K, 576 tiles: ping-pong
+    ("linear_dgrad", (4096, 4096, 11008), 0),  # long K, 2752 tiles: 128x256 cooperative
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize(
+    "op,shape,config",
+    TRANSFORMER_RULE_CASES,
+    ids=[f"{op}-{'x'.join(map(str, s))}" for op, s, _ in TRANSFORMER_RULE_CASES],
+)
+def test_rule_at_transformer_shapes(op, shape, config, dtype, gen):
+    _needs_sm90()
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the expected configurations are those of a 132-SM GPU")
+    args = gemm_args(op, *shape, dtype, "contig", gen)
+    before = clone_all(args)
+    ours = run_ours(op, args)
+    name = ops.last_kernel_name()
+    context = f"{op} {shape} {dtype}"
+    assert name.endswith(_config_names()[config]), f"{context}: ran {name}"
+    again = run_ours(op, args)
+    assert torch.equal(ours, again), f"{context}: repeated call differs ({name})"
+    check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)
+    assert_unchanged(args, before, context)

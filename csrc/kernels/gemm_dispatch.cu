@@ -120,28 +120,57 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The rule for row-major D (see choose_sm90_config).
 Sm90Choice choose_row_major_config(const GemmParams& p) {
-  const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
+  const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
+  const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
+  const int64_t tiles128 = ceil_div(p.m, 128) * ceil_div(p.n, 128);
+  const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
   Sm90Choice c;
-  if (ceil_div(p.m, 128) * ceil_div(p.n, 256) * 2 < sms) {
+  if (tiles256 * 2 < sms) {
     c.config = 2;
+    // Under half a wave of 128x128 tiles: split K into as many slices as fill the SMs, at
+    // most 4 and each at least 1024 deep (the scheduler's own stream-K split lost 25-60% here).
+    if (tiles128 * 2 <= sms) {
+      int64_t splits = sms / tiles128;
+      if (splits > 4) splits = 4;
+      if (splits > p.k / 1024) splits = p.k / 1024;
+      c.splits = splits > 1 ? static_cast<int>(splits) : 1;
+    }
     return c;
   }
   if (p.k <= 256) {
-    if (p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor &&
-        p.dtype_cd == p.dtype_ab) {
+    if (wgrad_layout && p.dtype_cd == p.dtype_ab) {
       c.config = p.k <= 128 ? kShortKWideConfig : kShortKConfig;
     }
     return c;
   }
-  const int64_t tiles = ceil_div(p.m, 128) * ceil_div(p.n, 128);
-  if (tiles > 1024 && tiles < 4096) c.config = 3;
+  // The weight gradient of a mid-size layer (up to 1.4 waves of 128x128 tiles): stream-K.
+  if (wgrad_layout && tiles128 * 5 <= sms * 7) {
+    c.config = 2;
+    return c;
+  }
+  // More than a wave of 128x256 tiles but a last wave much emptier than 128x128 tiles would
+  // leave it, over a long K: 128x128 data-parallel tiles.
+  if (tiles256 >= sms && p.k >= 2048) {
+    const double eff256 = double(tiles256) / double(ceil_div(tiles256, sms) * sms);
+    const double eff128 = double(tiles128) / double(ceil_div(tiles128, sms) * sms);
+    if (eff128 >= 1.15 * eff256) {
+      c.config = 2;
+      c.splits = 1;
+      return c;
+    }
+  }
+  if ((p.k <= 2048 && tiles128 >= 512) || (tiles128 > 1024 && tiles128 < 2048 && p.k <= 4096)) {
+    c.config = 3;
+  }
   return c;
 }
 
 }  // namespace
 
 // The per-shape rule, from the configuration sweeps and benchmark runs of benchmarks/NOTES.md
-// (H200, bf16; ratios to cuBLAS there). Tile counts are of the output [m, n] in 128x128 tiles.
+// (ratios to cuBLAS there; v0.8: the transformer shape set on an H100,
+// results/sweep_nvidia-h100-80gb-hbm3_20261124-171456.json (4096 tokens), -171840 (512 tokens),
+// -171934 (split-K of small weight gradients)). Tile counts are of the output [m, n].
 //   * a small M (<= 128 rows: decode, small-batch inference and its dgrad) with N >= 1024:
 //     the transposed problem D^T = B^T A^T (configs 4-7), whose 64-row tiles cut the weight
 //     into ceil(n / 64) slabs, each streamed once by its own CTA. The token-row tile is the
@@ -150,19 +179,31 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
 //     (results/sweep_nvidia-h200_20261122-055333.json): 16 / 32 / 64 / 128 x 8192 x 8192
 //     forward 0.98-1.00 / 0.99 / 1.02 / 0.92 (the row-major rule: 0.55 / 0.58 / 0.67 / 0.77);
 //     128x4096x4096 with 64-row token tiles 1.03, 128x2048x8192 with 32-row ones 1.14;
-//   * few output tiles otherwise (a 128x256 grid filling under half the SMs: a small N, or a
-//     small M with N < 1024): config 2, 128x128 tiles with stream-K, which spreads K over
-//     every SM;
+//   * under 3/4 of a wave of 128x256 tiles otherwise (a narrow layer, or few tokens): the
+//     transposed problem too, its token tile narrowed from 128 rows while its tiles fill under
+//     half the SMs, where that gives at least a quarter of the SMs a tile (else the row-major
+//     rule: split-K). H100, 512 tokens: 512x1024x1024 forward 0.89 vs 0.50 for stream-K,
+//     512x3072x768 dgrad 0.88 vs 0.44; 4096 tokens: 4096x256x1024 forward 0.94 vs 0.56;
+//   * few output tiles otherwise (a 128x256 grid filling under half the SMs: the weight
+//     gradient of a small layer, or an operand the transposed kernels cannot read): config 2,
+//     128x128 tiles, with K split into up to 4 slices where the tiles fill under half the SMs
+//     (768x768 over 4096 tokens: 0.65 with 3 slices vs 0.57 with the scheduler's stream-K);
 //   * a short K (<= 256: wgrad over a few tokens): the output write dominates. Config 0's
 //     128x256 tile (0.80-0.83 vs 0.73-0.75 for ping-pong), with a wider epilogue tile where
 //     compiled (the wgrad layout, 16-bit out): 128x128 for K <= 128 (config 9: 16x8192x8192
 //     0.98 vs 0.83, 128x8192x8192 0.88 vs 0.79), 128x64 for K <= 256 (config 8: 256x4096x4096
 //     0.93 vs 0.89; results/sweep_nvidia-h200_20261122-061729.json);
-//   * 1025..4095 tiles: config 3, 128x128 ping-pong with a 1x2 cluster, whose epilogue overlaps
-//     the other warpgroup's mainloop (2048x11008x4096 forward 1.00 vs 0.94, wgrad 1.07 vs 0.98);
-//   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent). From 4096 tiles on,
-//     ping-pong wins under sustained load (the sweep, +2-4%) but loses at full clocks (the
-//     benchmark: 8192^3 forward 0.87 vs 0.96), so the 128x256 tile stays the default there.
+//   * the weight gradient (layout nt) of a mid-size layer, up to 1.4 waves of 128x128 tiles:
+//     config 2 with the scheduler's stream-K split (3072x768 over 4096 tokens 0.82 vs 0.68);
+//   * more than a wave of 128x256 tiles whose last wave is much emptier than with 128x128
+//     tiles, K >= 2048: config 2 data-parallel (512x12288x4096 forward 0.92 vs 0.77);
+//   * config 3, 128x128 ping-pong with a 1x2 cluster, whose epilogue overlaps the other
+//     warpgroup's mainloop: for K <= 2048 from 512 tiles of 128x128 on (4096x2304x768 forward
+//     0.90 vs 0.78, 4096x8192x1024 1.08 vs 0.95), and for 1025..2047 tiles with K <= 4096
+//     (H200: 2048x11008x4096 forward 1.00 vs 0.94, wgrad 1.07 vs 0.98). Not beyond: at
+//     4096x4096x11008 dgrad it lost to config 0 (0.88 vs 1.01 on an H100);
+//   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent): the tile cuBLAS
+//     picks most at these shapes (its nvjet 256x128 1x2 kernels, results/cublas_kernels_*).
 // Config 1 (config 0 with stream-K) won no measured shape and is left to the sweep.
 Sm90Choice choose_sm90_config(const GemmParams& p) {
   const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
@@ -176,6 +217,18 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
     Sm90Choice c;
     c.config = kSwappedTiles[i].config;
     return c;
+  }
+  const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
+  if (tiles256 * 4 < int64_t{3} * sms) {
+    const int64_t weight_tiles = ceil_div(p.n, 64);
+    int i = 3;  // 128 token rows; fewer where they hold all m rows
+    while (i > 0 && kSwappedTiles[i - 1].rows >= p.m) --i;
+    while (i > 0 && weight_tiles * ceil_div(p.m, kSwappedTiles[i].rows) * 2 < sms) --i;
+    if (weight_tiles * ceil_div(p.m, kSwappedTiles[i].rows) * 4 >= sms) {
+      Sm90Choice c;
+      c.config = kSwappedTiles[i].config;
+      return c;
+    }
   }
   return choose_row_major_config(p);
 }
@@ -328,6 +381,7 @@ namespace {
 
 // The selection itself, for normalized params p (d_column_major false).
 GemmPlan plan_normalized(GemmParams p) {
+  const bool splits_forced = p.splits > 0;
   const Sm90Choice c = resolve_sm90(p);
   if (c.config < 0) return finish_plan(p, nullptr);  // a fused epilogue with no kernel here
   p.sm90_config = c.config;
@@ -339,7 +393,9 @@ GemmPlan plan_normalized(GemmParams p) {
       if (const KernelEntry* e = select_kernel(t)) return finish_plan(t, e);
     }
     // Not transposable (or no kernel takes the transposed operands): the row-major rule.
-    p.sm90_config = choose_row_major_config(p).config;
+    const Sm90Choice r = choose_row_major_config(p);
+    p.sm90_config = r.config;
+    if (!splits_forced) p.splits = r.splits;
   }
   const KernelEntry* e = select_kernel(p);
   if ((e == nullptr || e->family != KernelFamily::kSm90TmaWs) && !has_fused_epilogue(p) &&
@@ -347,7 +403,9 @@ GemmPlan plan_normalized(GemmParams p) {
     // A configuration compiled for some layouts / dtypes only (a forced one, or the short-K
     // ones): the row-major rule's choice where that has an SM90 kernel.
     GemmParams q = p;
-    q.sm90_config = choose_row_major_config(p).config;
+    const Sm90Choice r = choose_row_major_config(p);
+    q.sm90_config = r.config;
+    if (!splits_forced) q.splits = r.splits;
     if (q.sm90_config == p.sm90_config) q.sm90_config = 0;
     if (q.sm90_config != p.sm90_config) {
       const KernelEntry* f = select_kernel(q);
