@@ -479,6 +479,7 @@ TRANSFORMER_RULE_CASES = [
     ("linear", (512, 2304, 768), 7),
     ("linear", (4096, 256, 1024), 7),  # a grouped-query key/value projection
     ("linear", (4096, 128, 8192), 6),
+    ("linear", (512, 4096, 11008), 2),  # 128-row token tiles over a long K: stays row-major
     ("linear_dgrad", (512, 3072, 768), 6),  # dgrad GEMM 512 x 768 x 3072, transposed ("tt")
     ("linear_wgrad", (4096, 768, 768), 2),  # 36 tiles: K split into 3
     ("linear_wgrad", (4096, 256, 1024), 2),  # 16 tiles: K split into 4

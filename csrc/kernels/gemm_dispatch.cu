@@ -133,7 +133,7 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
       int64_t splits = sms / tiles128;
       if (splits > 4) splits = 4;
       if (splits > p.k / 1024) splits = p.k / 1024;
-      c.splits = splits > 1 ? static_cast<int>(splits) : 1;
+      if (splits >= 2) c.splits = static_cast<int>(splits);  // else the scheduler's choice
     }
     return c;
   }
@@ -143,8 +143,9 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
     }
     return c;
   }
-  // The weight gradient of a mid-size layer (up to 1.4 waves of 128x128 tiles): stream-K.
-  if (wgrad_layout && tiles128 * 5 <= sms * 7) {
+  // The weight gradient of a mid-size layer over many tokens (up to 1.4 waves of 128x128
+  // tiles, K >= 2048): stream-K.
+  if (wgrad_layout && tiles128 * 5 <= sms * 7 && p.k >= 2048) {
     c.config = 2;
     return c;
   }
@@ -181,20 +182,23 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
 //     128x4096x4096 with 64-row token tiles 1.03, 128x2048x8192 with 32-row ones 1.14;
 //   * under 3/4 of a wave of 128x256 tiles otherwise (a narrow layer, or few tokens): the
 //     transposed problem too, its token tile narrowed from 128 rows while its tiles fill under
-//     half the SMs, where that gives at least a quarter of the SMs a tile (else the row-major
-//     rule: split-K). H100, 512 tokens: 512x1024x1024 forward 0.89 vs 0.50 for stream-K,
-//     512x3072x768 dgrad 0.88 vs 0.44; 4096 tokens: 4096x256x1024 forward 0.94 vs 0.56;
+//     half the SMs, where that gives at least a quarter of the SMs a tile and the token tile
+//     is not the 128-row one over a K above 3072 (else the row-major rule). H100, 512 tokens:
+//     512x1024x1024 forward 0.86-0.89 vs 0.49 for stream-K, 512x3072x768 dgrad 0.98 vs 0.48;
+//     4096 tokens: 4096x256x1024 forward 0.90-0.94 vs 0.56 (results/bench_*_20261124-173108);
 //   * few output tiles otherwise (a 128x256 grid filling under half the SMs: the weight
 //     gradient of a small layer, or an operand the transposed kernels cannot read): config 2,
-//     128x128 tiles, with K split into up to 4 slices where the tiles fill under half the SMs
-//     (768x768 over 4096 tokens: 0.65 with 3 slices vs 0.57 with the scheduler's stream-K);
+//     128x128 tiles, with K split into 2-4 slices of at least 1024 where the tiles fill under
+//     half the SMs (768x768 over 4096 tokens: 0.65 with 3 slices vs 0.57 with the scheduler's
+//     stream-K), else the scheduler's stream-K split;
 //   * a short K (<= 256: wgrad over a few tokens): the output write dominates. Config 0's
 //     128x256 tile (0.80-0.83 vs 0.73-0.75 for ping-pong), with a wider epilogue tile where
 //     compiled (the wgrad layout, 16-bit out): 128x128 for K <= 128 (config 9: 16x8192x8192
 //     0.98 vs 0.83, 128x8192x8192 0.88 vs 0.79), 128x64 for K <= 256 (config 8: 256x4096x4096
 //     0.93 vs 0.89; results/sweep_nvidia-h200_20261122-061729.json);
-//   * the weight gradient (layout nt) of a mid-size layer, up to 1.4 waves of 128x128 tiles:
-//     config 2 with the scheduler's stream-K split (3072x768 over 4096 tokens 0.82 vs 0.68);
+//   * the weight gradient (layout nt) of a mid-size layer, up to 1.4 waves of 128x128 tiles,
+//     over K >= 2048 tokens: config 2 with the scheduler's stream-K split (3072x768 over 4096
+//     tokens 0.81-0.82 vs 0.60-0.68; over 512 tokens it lost: 1024x2816 0.65 vs 0.83);
 //   * more than a wave of 128x256 tiles whose last wave is much emptier than with 128x128
 //     tiles, K >= 2048: config 2 data-parallel (512x12288x4096 forward 0.92 vs 0.77);
 //   * config 3, 128x128 ping-pong with a 1x2 cluster, whose epilogue overlaps the other
@@ -224,7 +228,10 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
     int i = 3;  // 128 token rows; fewer where they hold all m rows
     while (i > 0 && kSwappedTiles[i - 1].rows >= p.m) --i;
     while (i > 0 && weight_tiles * ceil_div(p.m, kSwappedTiles[i].rows) * 2 < sms) --i;
-    if (weight_tiles * ceil_div(p.m, kSwappedTiles[i].rows) * 4 >= sms) {
+    // The 128-row token tile (config 7, 64-deep k-blocks) lost to the row-major rule from
+    // K = 3584 on (512x4096x11008 forward 0.53 vs 0.97); the 64-row one won up to K = 8192.
+    const bool long_k_wide_tile = i == 3 && p.k > 3072;
+    if (!long_k_wide_tile && weight_tiles * ceil_div(p.m, kSwappedTiles[i].rows) * 4 >= sms) {
       Sm90Choice c;
       c.config = kSwappedTiles[i].config;
       return c;
