@@ -19,25 +19,17 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
+from profile_linact import kernel_times  # benchmarks/ is the script's own folder on sys.path
 
 from cutlass_nn import transformer_shapes
 
 
 def profile_call(fn, reps: int = 20) -> list[tuple[str, float]]:
-    """(kernel name, mean CUDA microseconds per call) of the GPU kernels ``fn`` launches."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    kernels = []
-    for evt in prof.key_averages():
-        if evt.device_type == torch.autograd.DeviceType.CUDA and evt.count >= reps:
-            kernels.append((evt.key, evt.device_time_total / reps))
-    return sorted(kernels, key=lambda kv: -kv[1])
+    """(kernel name, mean CUDA microseconds per call) of the GPU kernels ``fn`` launches on every
+    call, slowest first (the profiler harness of profile_linact.py)."""
+    times = kernel_times(fn, reps)
+    return sorted(((name, us) for name, (us, calls) in times.items() if calls >= 1),
+                  key=lambda kv: -kv[1])
 
 
 def main(argv=None) -> int:
