@@ -19,9 +19,11 @@
 #include <torch/library.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #ifdef CUTLASS_NN_WITH_CUDA
+#include "cuda/gemm_autotune.h"
 #include "cuda/gemm_binding.h"
 #endif
 
@@ -102,6 +104,47 @@ static std::string last_kernel_name() {
 #endif
 }
 
+// The autotune table of the CUDA flavor (csrc/cuda/gemm_autotune.h; cutlass_nn/autotune.py is the
+// public front). The CPU flavor has no table: the mode stays off and no entry is kept.
+// mode: 1 = first-call tuning on, 0 = off, -1 = leave as is; returns the previous mode.
+static int64_t autotune_mode(int64_t mode) {
+  TORCH_CHECK(mode >= -1 && mode <= 1,
+              "cutlass_nn._autotune_mode: argument 'mode' must be -1 (query), 0 (off) or 1 (on), "
+              "got ", std::to_string(mode));
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::set_autotune_mode(static_cast<int>(mode)) ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+static std::tuple<std::vector<int64_t>, std::vector<double>, std::vector<std::string>>
+autotune_entries() {
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::autotune_entries();
+#else
+  return {};
+#endif
+}
+
+static void autotune_add_entries(const std::vector<int64_t>& ints,
+                                 const std::vector<double>& floats) {
+#ifdef CUTLASS_NN_WITH_CUDA
+  cuda::add_autotune_entries(ints, floats);
+#else
+  (void)ints;
+  (void)floats;
+#endif
+}
+
+static int64_t autotune_clear() {
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::clear_autotune_entries();
+#else
+  return 0;
+#endif
+}
+
 TORCH_LIBRARY(cutlass_nn, m) {
   const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
 
@@ -146,6 +189,10 @@ TORCH_LIBRARY(cutlass_nn, m) {
   m.def("_last_kernel_name() -> str", &last_kernel_name);
   m.def("_set_gemm_config(int config, int swizzle, int splits=0) -> int[]", &set_gemm_config);
   m.def("_gemm_configs() -> str", &gemm_configs);
+  m.def("_autotune_mode(int mode) -> int", &autotune_mode);
+  m.def("_autotune_entries() -> (int[], float[], str[])", &autotune_entries);
+  m.def("_autotune_add_entries(int[] ints, float[] floats) -> ()", &autotune_add_entries);
+  m.def("_autotune_clear() -> int", &autotune_clear);
 }
 
 }  // namespace cutlass_nn

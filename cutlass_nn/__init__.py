@@ -7,11 +7,13 @@ Public API:
 * :func:`mm` -- drop-in for ``torch.mm`` (``out=`` included).
 * :mod:`cutlass_nn.functional` -- ``linear``, ``mm``, ``add2``.
 * :mod:`cutlass_nn.ops` -- the raw operators (also reachable as ``torch.ops.cutlass_nn.*``).
+* :mod:`cutlass_nn.autotune` -- opt-in per-shape tuning of the GEMM kernel configuration.
 """
 
 from cutlass_nn._version import __version__
 from cutlass_nn import ops  # loads the extension and registers fake / autograd implementations
 from cutlass_nn import functional
+from cutlass_nn import autotune
 from cutlass_nn.functional import add2, linear, mm
 from cutlass_nn.modules import Add2, CutlassLinear
 from cutlass_nn.convert import convert
@@ -22,6 +24,7 @@ __all__ = [
     "Add2",
     "CutlassLinear",
     "add2",
+    "autotune",
     "build_info",
     "convert",
     "functional",
@@ -30,3 +33,5 @@ __all__ = [
     "mm",
     "ops",
 ]
+
+autotune._init_from_env()  # CUTLASS_NN_AUTOTUNE, CUTLASS_NN_AUTOTUNE_CACHE

@@ -2200,6 +2200,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "those token counts) or MxNxK,...",
     )
     parser.add_argument(
+        "--autotune",
+        action="store_true",
+        help="cutlass_nn side with first-call autotune on (cutlass_nn.autotune): each GEMM "
+        "problem is tuned at its first call (the correctness check), then timed with the kept "
+        "configuration; the table goes into the JSON ('autotune')",
+    )
+    parser.add_argument(
         "--sweep",
         action="store_true",
         help="time every SM90 tile configuration and swizzle of each GEMM shape (fwd, dgrad, "
@@ -2561,6 +2568,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     time_limit = settings.time_limit_s
     t_start = time.monotonic()
     meta = collect_meta(argv)
+    meta["autotune"] = bool(args.autotune)
+    if args.autotune:
+        cutlass_nn.autotune.enable(True)
     l2 = meta["l2_bytes"] or DEFAULT_L2_BYTES
     specs = _planned_rows(args)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -2609,6 +2619,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["rows"] = rows
     results["summary"] = summary = summarize(rows)
     results["wall_s"] = time.monotonic() - t_start
+    if args.autotune:
+        tuned = cutlass_nn.autotune.entries()
+        results["autotune"] = [dict(asdict(e), speedup=e.speedup) for e in tuned]
+        changed = sum(1 for e in tuned if (e.config, e.splits) != (e.rule_config, e.rule_splits))
+        print(f"autotune: {len(tuned)} GEMM problems tuned, {changed} run another configuration "
+              "than the rule's", flush=True)
     write_json(json_path, results)
     try:
         plotted = plot_results(rows, png_path, _plot_title(meta))

@@ -302,6 +302,7 @@ def run_row(
     device="cuda",
     dtype=torch.bfloat16,
     sizes: dict[str, ModelSize] = MODEL_SIZES,
+    autotune: bool = False,
 ) -> dict[str, Any]:
     """Stock, then converted, on the same initial weights and batches; never raises (an
     exception is recorded as status "error")."""
@@ -324,7 +325,10 @@ def run_row(
                     model = build_model(spec.family, size).to(dtype=dtype)
                 row["parameters"] = sum(p.numel() for p in model.parameters())
                 row["linears"] = count_linears(model)
-                return cutlass_nn.convert(model) if side == "cutlass_nn" else model
+                if side != "cutlass_nn":
+                    return model
+                example = batches[0] if autotune else None
+                return cutlass_nn.convert(model, example_inputs=example)
 
             return build
 
@@ -496,6 +500,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compiles)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--time-limit", type=float, default=540.0, help="seconds; later rows skipped")
+    p.add_argument("--autotune", action="store_true",
+                   help="convert with example_inputs (the first batch): cutlass_nn.autotune "
+                   "tunes the converted model's GEMM problems before its timed steps")
     p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge earlier model-benchmark JSONs into one JSON + PNG (no GPU)")
     return p.parse_args(argv)
@@ -545,6 +552,7 @@ def main(argv: Sequence[str]) -> int:
               file=sys.stderr)
         return 2
     meta["loss_rtol"] = LOSS_RTOL
+    meta["autotune"] = bool(args.autotune)
     specs = plan(args.families, args.sizes, args.modes)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"models_{bench._slug(meta)}_{bench._stamp()}"
@@ -558,7 +566,8 @@ def main(argv: Sequence[str]) -> int:
             row = {"family": spec.family, "size": spec.size, "mode": spec.mode,
                    "label": spec.label, "status": "skipped", "note": "time limit"}
         else:
-            row = run_row(spec, steps=args.steps, block=args.block, warmup=args.warmup)
+            row = run_row(spec, steps=args.steps, block=args.block, warmup=args.warmup,
+                          autotune=args.autotune)
         results["rows"].append(row)
         _write(json_path, results)
         if row["status"] == "ok":
@@ -571,6 +580,9 @@ def main(argv: Sequence[str]) -> int:
     rows = results["rows"]
     results["targets"] = targets(rows)
     results["wall_s"] = time.monotonic() - t0
+    if args.autotune:
+        results["autotune"] = [dict(asdict(e), speedup=e.speedup)
+                               for e in cutlass_nn.autotune.entries()]
     _write(json_path, results)
     try:
         plot(rows, json_path.with_suffix(".png"), _title(meta))

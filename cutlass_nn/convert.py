@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from typing import Any, Callable
 
 from torch import nn
 
+from cutlass_nn import autotune
 from cutlass_nn.modules import CutlassLinear
 
 __all__ = ["convert"]
@@ -14,7 +15,9 @@ __all__ = ["convert"]
 FilterFn = Callable[[str, nn.Module], bool]
 
 
-def convert(module: nn.Module, filter_fn: FilterFn | None = None) -> nn.Module:
+def convert(
+    module: nn.Module, filter_fn: FilterFn | None = None, *, example_inputs: Any = None
+) -> nn.Module:
     """Replace, in place, every submodule whose type is exactly ``nn.Linear`` by a
     ``CutlassLinear`` sharing the same parameters.
 
@@ -29,6 +32,13 @@ def convert(module: nn.Module, filter_fn: FilterFn | None = None) -> nn.Module:
             (a root cannot be replaced in place).
         filter_fn: optional ``filter_fn(qualified_name, linear) -> bool``; only layers it accepts
             are converted. The root's name is ``""``.
+        example_inputs: optional inputs of one training step (a tuple of positional arguments,
+            a dict of keyword arguments, or one tensor). When given, the converted model runs
+            one forward and backward on them with autotune on (:func:`cutlass_nn.autotune.tune`:
+            every GEMM problem met gets its fastest kernel configuration, kept for the rest of
+            the process; no ``.grad``, buffer or random state is changed), and what was picked
+            is logged on the ``cutlass_nn.autotune`` logger (``cutlass_nn.autotune.entries()``
+            lists it).
 
     Returns:
         ``module`` (converted in place), or the new root layer.
@@ -56,7 +66,10 @@ def convert(module: nn.Module, filter_fn: FilterFn | None = None) -> nn.Module:
         return type(child) is nn.Linear and (filter_fn is None or filter_fn(name, child))
 
     if accepted("", module):
-        return CutlassLinear.from_linear(module)
+        root = CutlassLinear.from_linear(module)
+        if example_inputs is not None:
+            autotune.tune(root, example_inputs)
+        return root
 
     replaced: dict[int, CutlassLinear] = {}
     for parent_name, parent in list(module.named_modules(remove_duplicate=False)):
@@ -73,4 +86,6 @@ def convert(module: nn.Module, filter_fn: FilterFn | None = None) -> nn.Module:
             "(none found, or filter_fn rejected them all)",
             stacklevel=2,
         )
+    if example_inputs is not None:
+        autotune.tune(module, example_inputs)
     return module

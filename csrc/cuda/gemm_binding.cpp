@@ -16,6 +16,7 @@
 #include "../validation.h"
 #include "device_info.h"
 #include "empty_output.h"
+#include "gemm_autotune.h"
 #include "gemm_params.h"
 #include "split_tf32.h"
 
@@ -407,7 +408,10 @@ void gemm_impl(const char* op, const at::Tensor& a, const at::Tensor& b, const a
         p.ldc = 0;
         p.c_row_broadcast = false;
       }
-      run_planned(op, kernels::plan_gemm(p), a, d, info, stream);
+      // The autotuned configuration of this problem, if the table has one (or tunes it now).
+      kernels::GemmParams q = p;
+      apply_autotuned_choice(q, a, stream);
+      run_planned(op, kernels::plan_gemm(q), a, d, info, stream);
     }
   }
 }

@@ -1,0 +1,459 @@
+#include "gemm_autotune.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <unordered_map>
+
+namespace cutlass_nn {
+namespace cuda {
+namespace {
+
+using kernels::DType;
+using kernels::GemmParams;
+using kernels::GemmPlan;
+using kernels::Layout;
+
+// Problems with less work (m * n * k) are not tuned: they take a few microseconds, the host
+// dominates, and the rule's choice is as good as any.
+constexpr double kMinTuneWork = double(1 << 24);
+// The rule's choice is kept unless a candidate beats it by more than this (timing noise).
+constexpr double kKeepRuleMargin = 1.01;
+
+// [device, m, n, k, layout_a, layout_b, dtype_ab, dtype_cd, bias, accumulate]
+using TuneKey = std::array<int64_t, 10>;
+
+struct TuneKeyHash {
+  size_t operator()(const TuneKey& key) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the 64-bit words
+    for (int64_t v : key) {
+      h ^= static_cast<uint64_t>(v);
+      h *= 1099511628211ull;
+    }
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+// A configuration as the plan resolved it (the overrides that reproduce the plan).
+struct Choice {
+  int config = -1, swizzle = 0, splits = 0;
+  bool transposed = false;
+};
+
+struct Entry {
+  Choice chosen, rule;
+  int candidates = 0;  // configurations timed (after removing those that resolve alike)
+  double best_us = 0, rule_us = 0;
+  const char* kernel = "";  // registry name of the chosen kernel ("" for loaded entries)
+};
+
+std::atomic<bool> g_first_call{false};
+std::atomic<int64_t> g_entry_count{0};
+std::shared_mutex g_table_mutex;                        // guards g_table
+std::unordered_map<TuneKey, Entry, TuneKeyHash> g_table;  // never shrinks except by clear
+std::mutex g_tune_mutex;                                // one tuning run at a time
+
+bool is_16bit(DType t) { return t == DType::kFloat16 || t == DType::kBFloat16; }
+
+bool eligible(const GemmParams& p) {
+  if (p.sm != 90 || p.arch_path != kernels::ArchPath::kAuto || !is_16bit(p.dtype_ab)) {
+    return false;
+  }
+  if (kernels::has_fused_epilogue(p) || p.d_column_major || p.alpha != 1.0f) return false;
+  if (p.sm90_config >= 0 || p.swizzle > 0 || p.splits > 0) return false;  // forced (sweep)
+  if (p.m > INT_MAX || p.n > INT_MAX || p.k > INT_MAX) return false;
+  return double(p.m) * double(p.n) * double(p.k) >= kMinTuneWork;
+}
+
+bool has_bias(const GemmParams& p) {
+  return p.c != nullptr && p.beta != 0.0f && p.c_row_broadcast;
+}
+bool accumulates(const GemmParams& p) {
+  return p.c != nullptr && p.beta != 0.0f && !p.c_row_broadcast;
+}
+
+TuneKey key_of(const GemmParams& p, int device) {
+  return TuneKey{device,
+                 p.m,
+                 p.n,
+                 p.k,
+                 static_cast<int64_t>(p.layout_a),
+                 static_cast<int64_t>(p.layout_b),
+                 static_cast<int64_t>(p.dtype_ab),
+                 static_cast<int64_t>(p.dtype_cd),
+                 has_bias(p),
+                 accumulates(p)};
+}
+
+std::optional<Entry> lookup(const TuneKey& key) {
+  std::shared_lock<std::shared_mutex> lock(g_table_mutex);
+  const auto it = g_table.find(key);
+  if (it == g_table.end()) return std::nullopt;
+  return it->second;
+}
+
+void insert(const TuneKey& key, const Entry& entry) {
+  std::unique_lock<std::shared_mutex> lock(g_table_mutex);
+  g_table[key] = entry;
+  g_entry_count.store(static_cast<int64_t>(g_table.size()));
+}
+
+void apply(const Choice& c, GemmParams& p) {
+  p.sm90_config = c.config;
+  p.swizzle = c.swizzle;
+  p.splits = c.splits;
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;  // unknown: do not tune
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+at::ScalarType scalar_type(DType t) {
+  switch (t) {
+    case DType::kFloat16: return at::kHalf;
+    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kFloat32: return at::kFloat;
+    case DType::kFloat64: return at::kDouble;
+  }
+  return at::kFloat;
+}
+
+// A [rows, cols] matrix of fixed values spread over [-1, 1) (the fractional parts of i * 0.618...,
+// a low-discrepancy sequence): tuning must not draw from torch's random generators, or a tuned
+// run would see different dropout masks than an untuned one.
+at::Tensor filled(int64_t rows, int64_t cols, at::ScalarType dtype, const at::Tensor& like) {
+  const auto opts = like.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor t = at::arange(rows * cols, opts).mul_(0.6180339887f).frac_().mul_(2.0f).sub_(1.0f);
+  return t.view({rows, cols}).to(dtype);
+}
+
+// The problem's operands, in the layouts of the key, densely packed.
+struct Buffers {
+  at::Tensor a, b, bias, d, reference;
+};
+
+GemmParams tuning_params(const GemmParams& like_p, Buffers& buf, const at::Tensor& like) {
+  GemmParams p = like_p;
+  const int64_t m = p.m, n = p.n, k = p.k;
+  const at::ScalarType ab = scalar_type(p.dtype_ab), cd = scalar_type(p.dtype_cd);
+  const bool a_row = p.layout_a == Layout::kRowMajor, b_row = p.layout_b == Layout::kRowMajor;
+  buf.a = a_row ? filled(m, k, ab, like) : filled(k, m, ab, like);
+  buf.b = b_row ? filled(k, n, ab, like) : filled(n, k, ab, like);
+  buf.d = at::zeros({m, n}, like.options().dtype(cd).memory_format(at::MemoryFormat::Contiguous));
+  p.a = buf.a.data_ptr();
+  p.lda = a_row ? k : m;
+  p.b = buf.b.data_ptr();
+  p.ldb = b_row ? n : k;
+  p.d = buf.d.data_ptr();
+  p.ldd = n;
+  p.alpha = 1.0f;
+  if (has_bias(like_p)) {
+    buf.bias = filled(1, n, cd, like).view({n});
+    p.c = buf.bias.data_ptr();
+    p.ldc = 0;
+    p.c_row_broadcast = true;
+    p.beta = 1.0f;
+  } else if (accumulates(like_p)) {
+    p.c = p.d;
+    p.ldc = p.ldd;
+    p.c_row_broadcast = false;
+    p.beta = 1.0f;
+  } else {
+    p.c = nullptr;
+    p.ldc = 0;
+    p.c_row_broadcast = false;
+    p.beta = 0.0f;
+  }
+  p.sm90_config = -1;
+  p.swizzle = 0;
+  p.splits = 0;
+  return p;
+}
+
+// Events of one tuning run, destroyed with it.
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  bool ok = false;
+  EventPair() {
+    ok = cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess;
+  }
+  ~EventPair() {
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+  }
+};
+
+bool run(const GemmPlan& plan, const at::Tensor& workspace, cudaStream_t stream) {
+  void* ws = plan.workspace_bytes > 0 ? workspace.data_ptr() : nullptr;
+  return kernels::run_gemm_plan(plan, ws, plan.workspace_bytes, stream, nullptr) ==
+         kernels::GemmStatus::kSuccess;
+}
+
+// Mean time of one run in microseconds (the best of three batches of about a millisecond each,
+// after a warm-up), or a negative value if a run failed.
+double time_plan(const GemmPlan& plan, const at::Tensor& workspace, cudaStream_t stream,
+                 EventPair& ev) {
+  auto batch_ms = [&](int reps) -> double {
+    if (cudaEventRecord(ev.start, stream) != cudaSuccess) return -1;
+    for (int i = 0; i < reps; ++i) {
+      if (!run(plan, workspace, stream)) return -1;
+    }
+    float ms = 0;
+    if (cudaEventRecord(ev.stop, stream) != cudaSuccess ||
+        cudaEventSynchronize(ev.stop) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, ev.start, ev.stop) != cudaSuccess) {
+      return -1;
+    }
+    return double(ms) / reps;
+  };
+  for (int i = 0; i < 2; ++i) {
+    if (!run(plan, workspace, stream)) return -1;
+  }
+  const double estimate = batch_ms(3);
+  if (estimate < 0) return -1;
+  int reps = estimate > 0 ? static_cast<int>(1.0 / estimate) : 200;
+  reps = reps < 3 ? 3 : (reps > 200 ? 200 : reps);
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < 3; ++i) {
+    const double ms = batch_ms(reps);
+    if (ms < 0) return -1;
+    if (ms < best) best = ms;
+  }
+  return best * 1000.0;
+}
+
+// The candidates: (config, swizzle, splits). The rule's own choice is timed first; candidates
+// whose plan resolves to one already timed (a configuration without a kernel for this layout
+// falls back to the rule) are skipped.
+constexpr std::array<std::array<int, 3>, 18> kCandidates = {{
+    {-1, 0, 0},                                    // the rule
+    {0, 0, 0},                                     // 128x256, 2x1 cluster
+    {1, 0, 0}, {1, 0, 2}, {1, 0, 3}, {1, 0, 4},    // 128x256 stream-K / split-K
+    {2, 0, 0}, {2, 0, 1}, {2, 0, 2}, {2, 0, 3}, {2, 0, 4},  // 128x128 stream-K / DP / split-K
+    {3, 0, 0},                                     // 128x128 ping-pong
+    {4, 0, 0}, {5, 0, 0}, {6, 0, 0}, {7, 0, 0},    // transposed small-M tiles
+    {8, 0, 0}, {9, 0, 0},                          // short-K weight gradient
+}};
+
+bool same_output(const at::Tensor& d, const at::Tensor& reference) {
+  const at::Tensor ref = reference.to(at::kFloat);
+  const double scale = ref.abs().max().item<double>();
+  const double diff = (d.to(at::kFloat) - ref).abs().max().item<double>();
+  return diff <= 0.02 * scale + 1e-3;  // NaN fails
+}
+
+// Times every candidate on buffers of the problem's shape; nullopt when the rule's own plan
+// cannot run (nothing to compare with) or a CUDA call failed.
+std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cudaStream_t stream) {
+  Buffers buf;
+  const GemmParams base = tuning_params(like_p, buf, like);
+  EventPair events;
+  if (!events.ok) {
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+  const bool accumulate = accumulates(like_p);
+  struct Timed {
+    const void* kernel;
+    Choice choice;
+  };
+  std::vector<Timed> seen;
+  Entry entry;
+  double best_us = std::numeric_limits<double>::infinity();
+  for (const auto& cand : kCandidates) {
+    GemmParams q = base;
+    q.sm90_config = cand[0];
+    q.swizzle = cand[1];
+    q.splits = cand[2];
+    const GemmPlan plan = kernels::plan_gemm(q);
+    if (plan.kernel == nullptr) {
+      if (cand[0] < 0) return std::nullopt;
+      continue;
+    }
+    const std::string name = plan.name;
+    const bool is_rule = cand[0] < 0;
+    if (!is_rule && name.rfind("sm90", 0) != 0) continue;  // no SM90 kernel: not a candidate
+    Choice c{plan.params.sm90_config, plan.params.swizzle, plan.params.splits,
+             plan.params.d_column_major};
+    bool duplicate = false;
+    for (const Timed& t : seen) {
+      duplicate = duplicate || (t.kernel == plan.kernel && t.choice.transposed == c.transposed &&
+                                t.choice.splits == c.splits && t.choice.swizzle == c.swizzle);
+    }
+    if (duplicate) continue;
+    seen.push_back({plan.kernel, c});
+    at::Tensor workspace;
+    if (plan.workspace_bytes > 0) {
+      workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)},
+                            like.options().dtype(at::kByte));
+    }
+    // One run from a zero D (accumulation adds to it), checked against the rule's result.
+    if (accumulate) buf.d.zero_();
+    if (!run(plan, workspace, stream)) {
+      (void)cudaGetLastError();
+      if (is_rule) return std::nullopt;
+      continue;
+    }
+    if (is_rule) {
+      buf.reference = buf.d.clone();
+    } else if (!same_output(buf.d, buf.reference)) {
+      continue;  // a configuration that is wrong at this shape is never chosen
+    }
+    const double us = time_plan(plan, workspace, stream, events);
+    if (us < 0) {
+      (void)cudaGetLastError();
+      if (is_rule) return std::nullopt;
+      continue;
+    }
+    ++entry.candidates;
+    if (is_rule) {
+      entry.rule = c;
+      entry.rule_us = us;
+    }
+    if (us < best_us) {
+      best_us = us;
+      entry.chosen = c;
+      entry.kernel = plan.name;
+    }
+  }
+  entry.best_us = best_us;
+  if (entry.rule_us <= best_us * kKeepRuleMargin) {
+    // Within the noise of the rule: keep the rule's choice (and name its kernel).
+    GemmParams q = base;
+    entry.chosen = entry.rule;
+    entry.best_us = entry.rule_us;
+    entry.kernel = kernels::plan_gemm(q).name;
+  }
+  return entry;
+}
+
+}  // namespace
+
+void apply_autotuned_choice(GemmParams& p, const at::Tensor& like, cudaStream_t stream) {
+  const bool first_call = g_first_call.load(std::memory_order_relaxed);
+  if (!first_call && g_entry_count.load(std::memory_order_relaxed) == 0) return;
+  if (!eligible(p)) return;
+  const TuneKey key = key_of(p, like.get_device());
+  if (const auto hit = lookup(key)) {
+    apply(hit->chosen, p);
+    return;
+  }
+  if (!first_call || capturing(stream)) return;
+  std::lock_guard<std::mutex> tuning(g_tune_mutex);
+  if (const auto hit = lookup(key)) {  // tuned by another thread meanwhile
+    apply(hit->chosen, p);
+    return;
+  }
+  std::optional<Entry> entry;
+  try {
+    entry = tune(p, like, stream);
+  } catch (const c10::OutOfMemoryError&) {
+    // Not enough memory for a second copy of the operands: run the rule's choice, untuned.
+    return;
+  }
+  if (!entry.has_value()) return;
+  insert(key, *entry);
+  apply(entry->chosen, p);
+}
+
+bool set_autotune_mode(int mode) {
+  if (mode < 0) return g_first_call.load();
+  return g_first_call.exchange(mode != 0);
+}
+
+std::tuple<std::vector<int64_t>, std::vector<double>, std::vector<std::string>>
+autotune_entries() {
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  std::vector<std::string> names;
+  std::shared_lock<std::shared_mutex> lock(g_table_mutex);
+  for (const auto& [key, e] : g_table) {
+    ints.insert(ints.end(), key.begin(), key.end());
+    const int64_t rest[] = {e.chosen.config, e.chosen.swizzle, e.chosen.splits,
+                            e.chosen.transposed, e.rule.config, e.rule.swizzle,
+                            e.rule.splits, e.rule.transposed, e.candidates};
+    ints.insert(ints.end(), std::begin(rest), std::end(rest));
+    floats.push_back(e.best_us);
+    floats.push_back(e.rule_us);
+    names.emplace_back(e.kernel);
+  }
+  return {ints, floats, names};
+}
+
+void add_autotune_entries(const std::vector<int64_t>& ints, const std::vector<double>& floats) {
+  const char* op = "cutlass_nn._autotune_add_entries";
+  TORCH_CHECK(ints.size() % kAutotuneIntFields == 0, op, ": argument 'ints' must hold ",
+              std::to_string(kAutotuneIntFields), " values per entry, got ",
+              std::to_string(ints.size()), " values");
+  const size_t rows = ints.size() / kAutotuneIntFields;
+  TORCH_CHECK(floats.size() == rows * kAutotuneFloatFields, op, ": argument 'floats' must hold ",
+              std::to_string(kAutotuneFloatFields), " values per entry (",
+              std::to_string(rows * kAutotuneFloatFields), "), got ",
+              std::to_string(floats.size()));
+  static const char* const kFields[kAutotuneIntFields] = {
+      "device",      "m",          "n",      "k",           "layout_a",     "layout_b",
+      "dtype_ab",    "dtype_cd",   "bias",   "accumulate",  "config",       "swizzle",
+      "splits",      "transposed", "rule_config", "rule_swizzle", "rule_splits",
+      "rule_transposed", "candidates"};
+  const int64_t limits[kAutotuneIntFields][2] = {
+      {0, 1 << 16}, {1, INT_MAX}, {1, INT_MAX}, {1, INT_MAX}, {0, 1}, {0, 1}, {0, 1}, {0, 2},
+      {0, 1}, {0, 1}, {0, kernels::kSm90ConfigCount - 1}, {0, 8}, {0, 64}, {0, 1},
+      {0, kernels::kSm90ConfigCount - 1}, {0, 8}, {0, 64}, {0, 1}, {0, 1 << 16}};
+  std::vector<std::pair<TuneKey, Entry>> parsed;
+  for (size_t r = 0; r < rows; ++r) {
+    const int64_t* v = ints.data() + r * kAutotuneIntFields;
+    for (int f = 0; f < kAutotuneIntFields; ++f) {
+      TORCH_CHECK(v[f] >= limits[f][0] && v[f] <= limits[f][1], op, ": entry ", std::to_string(r),
+                  ": field '", kFields[f], "' must be in [", std::to_string(limits[f][0]), ", ",
+                  std::to_string(limits[f][1]), "], got ", std::to_string(v[f]));
+    }
+    TORCH_CHECK(v[7] == v[6] || v[7] == static_cast<int64_t>(DType::kFloat32), op, ": entry ",
+                std::to_string(r), ": field 'dtype_cd' must equal 'dtype_ab' or be float32 (2), got ",
+                std::to_string(v[7]));
+    TORCH_CHECK(!(v[8] && v[9]), op, ": entry ", std::to_string(r),
+                ": 'bias' and 'accumulate' cannot both be set");
+    TORCH_CHECK(!(v[4] == 1 && v[5] == 1), op, ": entry ", std::to_string(r),
+                ": no GEMM reads both operands column-major (layout_a = layout_b = 1)");
+    for (int i = 0; i < kAutotuneFloatFields; ++i) {
+      const double x = floats[r * kAutotuneFloatFields + i];
+      TORCH_CHECK(x >= 0 && x < 1e12, op, ": entry ", std::to_string(r),
+                  ": times must be finite and >= 0, got ", std::to_string(x));
+    }
+    TuneKey key;
+    for (int f = 0; f < 10; ++f) key[f] = v[f];
+    Entry e;
+    e.chosen = Choice{int(v[10]), int(v[11]), int(v[12]), v[13] != 0};
+    e.rule = Choice{int(v[14]), int(v[15]), int(v[16]), v[17] != 0};
+    e.candidates = int(v[18]);
+    e.best_us = floats[r * kAutotuneFloatFields];
+    e.rule_us = floats[r * kAutotuneFloatFields + 1];
+    parsed.emplace_back(key, e);
+  }
+  std::unique_lock<std::shared_mutex> lock(g_table_mutex);
+  for (const auto& [key, e] : parsed) g_table[key] = e;
+  g_entry_count.store(static_cast<int64_t>(g_table.size()));
+}
+
+int64_t clear_autotune_entries() {
+  std::unique_lock<std::shared_mutex> lock(g_table_mutex);
+  const int64_t n = static_cast<int64_t>(g_table.size());
+  g_table.clear();
+  g_entry_count.store(0);
+  return n;
+}
+
+}  // namespace cuda
+}  // namespace cutlass_nn
