@@ -2301,6 +2301,11 @@ def mode_settings(args: argparse.Namespace) -> Settings:
 
 
 def _git_commit() -> str | None:
+    """The checkout's commit; CUTLASS_NN_GIT_COMMIT overrides it for runs on a copy of the tree
+    whose git metadata is not the one the code came from (the GPU machine's copies)."""
+    override = os.environ.get("CUTLASS_NN_GIT_COMMIT", "").strip()
+    if override:
+        return override
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],

@@ -263,12 +263,13 @@ def test_convert_with_example_inputs_tunes_without_changing_state(gen):
         nn.Linear(1024, 2816), nn.GELU(), nn.Dropout(0.1), nn.Linear(2816, 1024),
         nn.BatchNorm1d(1024),
     ).to("cuda", torch.bfloat16)  # fmt: skip
-    model = cutlass_nn.convert(copy.deepcopy(stock))
+    model = copy.deepcopy(stock)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
     x.requires_grad_(True)
     cuda_rng = torch.cuda.get_rng_state()
     assert cutlass_nn.convert(model, example_inputs=(x,)) is model
+    assert isinstance(model[0], cutlass_nn.CutlassLinear)
     tuned = autotune.entries()
     # forward: 2 GEMMs; backward: 2 weight gradients, 1 or 2 input gradients
     assert len(tuned) >= 4, autotune.report()
