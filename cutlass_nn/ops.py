@@ -359,5 +359,8 @@ def force_sm80_kernels(enable: bool = True) -> Iterator[None]:
 
 
 def last_kernel_name() -> str:
-    """Name of the GEMM kernel that the last cutlass_nn GEMM on this thread ran ("" if none)."""
+    """Name of the GEMM kernel that the last cutlass_nn GEMM ran ("" if none).
+
+    Process-wide, like the kernel switches (``force_sm80_kernels``, ``_set_gemm_config``): the
+    last GEMM of any thread, autograd's backward thread included."""
     return _ops._last_kernel_name()
