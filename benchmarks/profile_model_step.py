@@ -17,7 +17,7 @@ import gc
 import torch
 
 import cutlass_nn
-from cutlass_nn import bench_models
+from cutlass_nn.bench import models as bench_models
 
 
 def profile_side(model, mode: str, batches, steps: int, rows: int) -> None:

@@ -1,4 +1,4 @@
-"""CPU tests of the benchmark harness (cutlass_nn/bench.py): its pure helpers, the case builders
+"""CPU tests of the benchmark harness (cutlass_nn/bench/, through the package namespace): its pure helpers, the case builders
 (which run on the CPU flavor of the operators too), the row runner with a fake timer, the
 summary / table / JSON / plot output, and the command line without a GPU."""
 
@@ -18,6 +18,14 @@ import torch
 
 import cutlass_nn
 from cutlass_nn import bench
+
+
+def patch_bench(monkeypatch, name: str, value) -> None:
+    """Replaces ``name`` in every module of the benchmark package that holds it (each module
+    looks names up in its own namespace), and in the package itself."""
+    for module in (bench, *bench.MODULES):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, value)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -430,7 +438,7 @@ def _real_linact_supported() -> bool:
 @pytest.fixture
 def fake_act(monkeypatch):
     monkeypatch.setattr(bench.cutlass_nn, "CutlassLinear", FakeActLinear)
-    monkeypatch.setattr(bench, "compile_baseline", lambda module: module)  # no inductor here
+    patch_bench(monkeypatch, "compile_baseline", lambda module: module)  # no inductor here
 
 
 @pytest.mark.parametrize("prec", ["bf16", "fp16", "fp32"])
@@ -487,7 +495,7 @@ def test_linact_with_real_torch_compile(monkeypatch):
 @pytest.mark.skipif(not _real_linact_supported(), reason="CutlassLinear has no activation= yet")
 @pytest.mark.parametrize("prec", ["bf16", "fp32"])
 def test_linact_case_with_the_real_module(monkeypatch, prec):
-    monkeypatch.setattr(bench, "compile_baseline", lambda module: module)
+    patch_bench(monkeypatch, "compile_baseline", lambda module: module)
     case = bench.build_linact_case("eager", 37, 29, 23, bench.PRECISIONS[prec], device="cpu")
     with case.context():
         check = case.check()
@@ -496,7 +504,7 @@ def test_linact_case_with_the_real_module(monkeypatch, prec):
 
 @pytest.mark.parametrize("chunk", [1 << 25, 40])
 def test_gelu_tanh_reference_matches_autograd(monkeypatch, chunk):
-    monkeypatch.setattr(bench, "REF_CHUNK_ELEMENTS", chunk)  # 40: x in chunks of 3 rows
+    patch_bench(monkeypatch, "REF_CHUNK_ELEMENTS", chunk)  # 40: x in chunks of 3 rows
     gen = torch.Generator().manual_seed(3)
     m, n, k = 19, 11, 13
     x = torch.randn(m, k, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -987,16 +995,14 @@ def _fake_gpu(monkeypatch, specs):
 
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench.cutlass_nn, "has_cuda_kernels", lambda: True)
-    monkeypatch.setattr(bench, "plan_rows", lambda quick, dtypes, what: list(specs))
-    monkeypatch.setattr(bench, "CudaTimer", Timer)
-    monkeypatch.setattr(bench, "cuda_healthy", lambda: True)
-    monkeypatch.setattr(
-        bench,
+    patch_bench(monkeypatch, "plan_rows", lambda quick, dtypes, what: list(specs))
+    patch_bench(monkeypatch, "CudaTimer", Timer)
+    patch_bench(monkeypatch, "cuda_healthy", lambda: True)
+    patch_bench(monkeypatch,
         "measure_peaks",
         lambda timer, precs: {"mm_tflops": {"bf16": 1e-6}, "copy_gbps": 1e-3},
     )
-    monkeypatch.setattr(
-        bench,
+    patch_bench(monkeypatch,
         "collect_meta",
         lambda argv: {
             "device": "Fake GPU 80GB",
@@ -1010,8 +1016,7 @@ def _fake_gpu(monkeypatch, specs):
         },
     )
     real_build = bench.build_case
-    monkeypatch.setattr(
-        bench,
+    patch_bench(monkeypatch,
         "build_case",
         lambda spec, l2_bytes: real_build(spec, l2_bytes=l2_bytes, device="cpu"),
     )
@@ -1388,17 +1393,15 @@ def _fake_sweep_gpu(monkeypatch, names, state, times=None):
         Timer.times = times
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench.cutlass_nn, "has_cuda_kernels", lambda: True)
-    monkeypatch.setattr(bench, "gemm_config_api", lambda: (list(names), state.set_config))
+    patch_bench(monkeypatch, "gemm_config_api", lambda: (list(names), state.set_config))
     monkeypatch.setattr(bench.ops, "last_kernel_name", state.kernel_name)
-    monkeypatch.setattr(bench, "CudaTimer", Timer)
-    monkeypatch.setattr(bench, "cuda_healthy", lambda: True)
-    monkeypatch.setattr(
-        bench,
+    patch_bench(monkeypatch, "CudaTimer", Timer)
+    patch_bench(monkeypatch, "cuda_healthy", lambda: True)
+    patch_bench(monkeypatch,
         "collect_meta",
         lambda argv: {"device": "Fake GPU 80GB", "l2_bytes": 1000, "torch": torch.__version__},
     )
-    monkeypatch.setattr(
-        bench,
+    patch_bench(monkeypatch,
         "build_sweep_case",
         lambda op, shape, prec, l2_bytes: bench.build_gemm_case(
             op, *shape, prec, l2_bytes=l2_bytes, device="cpu"
@@ -1444,7 +1447,7 @@ def test_sweep_main_errors(monkeypatch, tmp_path, capsys):
     def missing():
         raise RuntimeError("this cutlass_nn build has no configuration override (x)")
 
-    monkeypatch.setattr(bench, "gemm_config_api", missing)
+    patch_bench(monkeypatch, "gemm_config_api", missing)
     assert bench.main(["--sweep", "--out", str(tmp_path)]) == 2
     assert "no configuration override" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.json"))
@@ -1498,7 +1501,7 @@ def test_sweep_main_splits_need_a_build_with_splits(monkeypatch, tmp_path, capsy
     state = SweepState()
     set_config = bench.ConfigSetter(lambda config, swizzle: [0, 0], takes_splits=False)
     _fake_sweep_gpu(monkeypatch, ["cfg_streamk"], state)
-    monkeypatch.setattr(bench, "gemm_config_api", lambda: (["cfg_streamk"], set_config))
+    patch_bench(monkeypatch, "gemm_config_api", lambda: (["cfg_streamk"], set_config))
     argv = ["--sweep", "--sweep-splits", "0,2", "--out", str(tmp_path)]
     assert bench.main(argv) == 2
     assert "takes no splits argument" in capsys.readouterr().err

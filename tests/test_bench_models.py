@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from cutlass_nn import bench, bench_host, bench_models
+from cutlass_nn import bench
+from cutlass_nn.bench import host as bench_host, models as bench_models
 
 transformers = pytest.importorskip("transformers")
 

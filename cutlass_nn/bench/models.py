@@ -536,7 +536,7 @@ def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     if args.combine:
         return combine(args.combine, args.out)
-    from cutlass_nn import bench
+    from cutlass_nn.bench import cli as bench
 
     if not torch.cuda.is_available():
         print(bench.NO_CUDA_MESSAGE, file=sys.stderr)

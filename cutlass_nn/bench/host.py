@@ -129,7 +129,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
-    from cutlass_nn import bench
+    from cutlass_nn.bench import cli as bench
 
     if not torch.cuda.is_available():
         print(bench.NO_CUDA_MESSAGE, file=sys.stderr)
