@@ -25,7 +25,12 @@ compiled graph calls the same operators, which read the same table. Tuning alloc
 of the problem's operands; where memory is short it gives up and the rule's choice runs.
 Problems of less than 2^24 multiply-adds are not tuned (host-bound: every choice is as fast).
 Tuning and first-call mode are process-wide: do not tune in one thread while another captures a
-CUDA graph. In the CPU flavor every function here works and the table stays empty.
+CUDA graph. Each process tunes on its own, and two processes may keep different configurations
+for one problem (their results then agree within rounding, not bitwise): in a multi-process job
+tune on one rank, :func:`save`, and :func:`load` the file on every rank. With
+``CUTLASS_NN_AUTOTUNE_CACHE`` naming an existing file, ``import cutlass_nn`` initializes CUDA (to
+match the file's entries to the visible GPUs). In the CPU flavor every function here works and
+the table stays empty.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -215,7 +222,7 @@ def entries() -> list[TunedGemm]:
                 kernel=kernels[r],
             )
         )
-    return sorted(out, key=lambda e: tuple(str(x) for x in e.problem))
+    return sorted(out, key=lambda e: e.problem)
 
 
 def clear() -> int:
@@ -264,17 +271,45 @@ def save(path: str | os.PathLike) -> int:
         row.pop("device")
         row["multiprocessors"] = _multiprocessors(e.device)
         rows.append(row)
+    path = Path(path)
+    # Entries already in the file for problems this table does not hold (other GPU models,
+    # other processes' shapes) are kept.
+    mine = {_row_key(r) for r in rows}
+    kept = [r for r in _existing_rows(path) if _row_key(r) not in mine]
     doc = {
         "format": FILE_FORMAT,
         "cutlass_nn": __version__,
         "torch": torch.__version__,
-        "entries": rows,
+        "entries": kept + rows,
     }
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(path)  # a reader never sees half a file
+    # A temporary file of this process's own, renamed over the target: a reader (or another
+    # process saving at the same time) never sees half a file; the last rename wins.
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return len(rows)
+
+
+def _row_key(row: dict) -> tuple:
+    return tuple(row.get(k) for k in ("device_name", "multiprocessors", "m", "n", "k", "layout_a",
+                                      "layout_b", "dtype", "out_dtype", "bias", "accumulate"))
+
+
+def _existing_rows(path: Path) -> list[dict]:
+    """The well-formed entries of an existing autotune file at ``path`` ([] if none)."""
+    try:
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict) and doc.get("format") == FILE_FORMAT:
+            return [_parse_row(path, i, r) for i, r in enumerate(doc.get("entries", []))]
+    except (OSError, ValueError):
+        pass
+    return []
 
 
 def _file_error(path: Path, what: str) -> ValueError:
@@ -303,6 +338,12 @@ def _parse_row(path: Path, i: int, row: Any) -> dict[str, Any]:
                          ("out_dtype", _DTYPES)):  # fmt: skip
         if row[key] not in allowed:
             raise _file_error(path, f"entry {i} field {key!r} must be one of {allowed}, got {row[key]!r}")
+    for key, kind in need.items():
+        value = row[key]
+        if kind is int and not 0 <= value < 2**31:
+            raise _file_error(path, f"entry {i} field {key!r} must be in [0, 2^31), got {value}")
+        if kind == (int, float) and not (math.isfinite(value) and 0 <= value < 1e12):
+            raise _file_error(path, f"entry {i} field {key!r} must be a finite time >= 0, got {value}")
     return row
 
 
@@ -371,8 +412,9 @@ def tune(module: nn.Module, example_inputs: Any, *, backward: bool = True) -> li
     a single tensor; use the shapes (and the ``torch.autocast`` context) of training, since
     entries are per shape. The backward runs through ``torch.autograd.grad`` on the outputs that
     require grad (with gradients of ones), so no ``.grad`` is written; the module's buffers (e.g.
-    batch-norm statistics) and torch's random generators are restored afterwards, and
-    parameters are not touched. Logs :func:`report` of the new entries at INFO level on the
+    batch-norm statistics) and torch's default random generators (CPU, and CUDA where it is
+    initialized; not generators the model creates itself) are restored afterwards, and
+    parameters are not touched. Forward and backward hooks of the model run as in any step. Logs :func:`report` of the new entries at INFO level on the
     ``cutlass_nn.autotune`` logger.
 
     Raises:
@@ -410,13 +452,20 @@ def tune(module: nn.Module, example_inputs: Any, *, backward: bool = True) -> li
                     )  # fmt: skip
     finally:
         _ops._autotune_mode(int(previous))
-        with torch.no_grad():
-            for owner, name, buf, saved in buffers:
-                buf.copy_(saved)
-                owner._buffers[name] = buf
         torch.random.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
+        failed = []
+        with torch.no_grad():
+            for owner, name, buf, saved in buffers:
+                owner._buffers[name] = buf
+                try:
+                    buf.copy_(saved)
+                except RuntimeError:  # resized in place by the model: restore the saved copy
+                    owner._buffers[name] = saved
+                    failed.append(name)
+        if failed:
+            logger.warning("buffers %s were replaced by their saved copies", failed)
     added = [e for e in entries() if e.problem not in before]
     if added:
         logger.info("tuned %d GEMM problem(s):\n%s", len(added), report(added))
@@ -440,7 +489,7 @@ def _init_from_env() -> None:
     if path.exists():
         try:
             load(path)
-        except (OSError, ValueError) as exc:  # a bad cache must not break the import
+        except Exception as exc:  # a bad cache must not break the import
             logger.warning("CUTLASS_NN_AUTOTUNE_CACHE: not loaded: %s", exc)
     loaded = {(e.problem, e.config, e.splits, e.swizzle) for e in entries()}
 
@@ -448,7 +497,7 @@ def _init_from_env() -> None:
         if {(e.problem, e.config, e.splits, e.swizzle) for e in entries()} != loaded:
             try:
                 save(path)
-            except OSError as exc:
+            except Exception as exc:
                 logger.warning("CUTLASS_NN_AUTOTUNE_CACHE: not saved: %s", exc)
 
     atexit.register(save_at_exit)

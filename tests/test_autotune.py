@@ -191,3 +191,18 @@ def test_cache_file_written_at_exit_only_when_the_table_changed(tmp_path):
     out = _python("import cutlass_nn", CUTLASS_NN_AUTOTUNE_CACHE=str(path))
     assert out.returncode == 0, out.stderr
     assert not path.exists()
+
+
+def test_save_keeps_other_entries_of_the_file_and_leaves_no_temporary(tmp_path):
+    path = _write(tmp_path / "t.json", [_row(), _row(m=8192)])
+    assert autotune.save(path) == 0  # this process's table is empty
+    doc = json.loads(path.read_text())
+    assert [r["m"] for r in doc["entries"]] == [4096, 8192]  # the other GPU's entries stay
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]
+
+
+@pytest.mark.parametrize("field,value", [("best_us", 1e300), ("m", 2**40), ("splits", -1)])
+def test_out_of_range_numbers_are_refused(tmp_path, field, value):
+    path = _write(tmp_path / "t.json", [_row(**{field: value})])
+    with pytest.raises(ValueError, match=f"field '{field}' must be"):
+        autotune.load(path)

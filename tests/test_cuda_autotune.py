@@ -112,6 +112,27 @@ def test_tuned_problem_is_accurate_repeatable_and_kept(op, shape, dtype, gen):
     assert autotune.entries() == tuned, f"{context}: the table changed on a later call"
 
 
+@pytest.mark.parametrize("shape", [(4096, 768, 768), (2048, 2816, 1024)])
+def test_tuned_accumulation_into_a_float32_main_gradient(shape, gen):
+    _needs_sm90()
+    tokens, n, k = shape
+    dy = torch.randn(tokens, n, device="cuda", generator=gen).bfloat16()
+    x = torch.randn(tokens, k, device="cuda", generator=gen).bfloat16()
+    main = torch.randn(n, k, device="cuda", generator=gen)
+    start = main.clone()
+    with autotune.tuning():
+        ops.linear_wgrad_accumulate_(main, dy, x)
+    (entry,) = autotune.entries()
+    assert entry.accumulate and entry.out_dtype == "float32", entry
+    assert ops.last_kernel_name().endswith(entry.kernel)
+    ref = start.double() + dy.double().t() @ x.double()
+    err = (main.double() - ref).norm() / ref.norm()
+    assert err < 1e-5, f"accumulated weight gradient off by {err:.2e} ({entry.config_name})"
+    again = start.clone()
+    ops.linear_wgrad_accumulate_(again, dy, x)
+    assert torch.equal(again, main)
+
+
 def test_table_entry_decides_the_kernel_and_forcing_wins(gen, tmp_path):
     _needs_sm90()
     op, shape = "linear_nobias", (4096, 4096, 4096)  # the rule: config 0 (128x256)

@@ -57,9 +57,15 @@ struct Entry {
 
 std::atomic<bool> g_first_call{false};
 std::atomic<int64_t> g_entry_count{0};
-std::shared_mutex g_table_mutex;                        // guards g_table
+std::shared_mutex g_table_mutex;                        // guards g_table and g_failed
 std::unordered_map<TuneKey, Entry, TuneKeyHash> g_table;  // never shrinks except by clear
-std::mutex g_tune_mutex;                                // one tuning run at a time
+// Problems whose tuning failed (out of memory, a CUDA error): run the rule, never retried until
+// clear(), so a failure costs one attempt, not one per call.
+std::unordered_map<TuneKey, bool, TuneKeyHash> g_failed;
+// One tuning run at a time per device (a run synchronizes the device's stream; a lock shared by
+// all devices could make one device's thread wait on another's stream).
+constexpr int kTuneLocks = 64;
+std::mutex g_tune_mutex[kTuneLocks];
 
 bool is_16bit(DType t) { return t == DType::kFloat16 || t == DType::kBFloat16; }
 
@@ -106,18 +112,28 @@ void insert(const TuneKey& key, const Entry& entry) {
   g_entry_count.store(static_cast<int64_t>(g_table.size()));
 }
 
+bool failed_before(const TuneKey& key) {
+  std::shared_lock<std::shared_mutex> lock(g_table_mutex);
+  return g_failed.count(key) != 0;
+}
+
+void mark_failed(const TuneKey& key) {
+  std::unique_lock<std::shared_mutex> lock(g_table_mutex);
+  g_failed[key] = true;
+}
+
 void apply(const Choice& c, GemmParams& p) {
   p.sm90_config = c.config;
   p.swizzle = c.swizzle;
   p.splits = c.splits;
 }
 
-bool capturing(cudaStream_t stream) {
+// Whether tuning must not run now: the stream is being captured (or its state is unknown), or
+// a CUDA error is already pending (it belongs to the caller; tuning neither clears nor hides it).
+bool must_not_tune(cudaStream_t stream) {
+  if (cudaPeekAtLastError() != cudaSuccess) return true;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return true;  // unknown: do not tune
-  }
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) return true;
   return status != cudaStreamCaptureStatusNone;
 }
 
@@ -143,6 +159,7 @@ at::Tensor filled(int64_t rows, int64_t cols, at::ScalarType dtype, const at::Te
 // The problem's operands, in the layouts of the key, densely packed.
 struct Buffers {
   at::Tensor a, b, bias, d, reference;
+  at::Tensor d_initial;  // the D that an accumulating candidate starts from (nonzero)
 };
 
 GemmParams tuning_params(const GemmParams& like_p, Buffers& buf, const at::Tensor& like) {
@@ -167,6 +184,8 @@ GemmParams tuning_params(const GemmParams& like_p, Buffers& buf, const at::Tenso
     p.c_row_broadcast = true;
     p.beta = 1.0f;
   } else if (accumulates(like_p)) {
+    buf.d_initial = filled(m, n, cd, like);
+    buf.d.copy_(buf.d_initial);
     p.c = p.d;
     p.ldc = p.ldd;
     p.c_row_broadcast = false;
@@ -260,11 +279,14 @@ bool same_output(const at::Tensor& d, const at::Tensor& reference) {
 std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cudaStream_t stream) {
   Buffers buf;
   const GemmParams base = tuning_params(like_p, buf, like);
-  EventPair events;
-  if (!events.ok) {
+  // No CUDA error was pending when tuning began (must_not_tune), so one now is the tuning's
+  // own: cleared when it is not sticky; a sticky one stays and surfaces at the caller's GEMM.
+  auto abandon = []() -> std::optional<Entry> {
     (void)cudaGetLastError();
     return std::nullopt;
-  }
+  };
+  EventPair events;
+  if (!events.ok) return abandon();
   const bool accumulate = accumulates(like_p);
   struct Timed {
     const void* kernel;
@@ -300,11 +322,12 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
       workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)},
                             like.options().dtype(at::kByte));
     }
-    // One run from a zero D (accumulation adds to it), checked against the rule's result.
-    if (accumulate) buf.d.zero_();
+    // One run (an accumulating one from the same nonzero D each time), checked against the
+    // rule's result. A status error without a CUDA error (the kernel refused the problem) skips
+    // the candidate; a CUDA error ends the tuning (the problem then runs the rule's choice).
+    if (accumulate) buf.d.copy_(buf.d_initial);
     if (!run(plan, workspace, stream)) {
-      (void)cudaGetLastError();
-      if (is_rule) return std::nullopt;
+      if (is_rule || cudaPeekAtLastError() != cudaSuccess) return abandon();
       continue;
     }
     if (is_rule) {
@@ -314,8 +337,7 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
     }
     const double us = time_plan(plan, workspace, stream, events);
     if (us < 0) {
-      (void)cudaGetLastError();
-      if (is_rule) return std::nullopt;
+      if (is_rule || cudaPeekAtLastError() != cudaSuccess) return abandon();
       continue;
     }
     ++entry.candidates;
@@ -351,20 +373,24 @@ void apply_autotuned_choice(GemmParams& p, const at::Tensor& like, cudaStream_t 
     apply(hit->chosen, p);
     return;
   }
-  if (!first_call || capturing(stream)) return;
-  std::lock_guard<std::mutex> tuning(g_tune_mutex);
+  if (!first_call || failed_before(key) || must_not_tune(stream)) return;
+  std::lock_guard<std::mutex> tuning(g_tune_mutex[like.get_device() % kTuneLocks]);
   if (const auto hit = lookup(key)) {  // tuned by another thread meanwhile
     apply(hit->chosen, p);
     return;
   }
+  if (failed_before(key)) return;
   std::optional<Entry> entry;
   try {
     entry = tune(p, like, stream);
   } catch (const c10::OutOfMemoryError&) {
-    // Not enough memory for a second copy of the operands: run the rule's choice, untuned.
+    // Not enough memory for a second copy of the operands: the rule's choice, untuned.
+    entry.reset();
+  }
+  if (!entry.has_value()) {
+    mark_failed(key);
     return;
   }
-  if (!entry.has_value()) return;
   insert(key, *entry);
   apply(entry->chosen, p);
 }
@@ -451,6 +477,7 @@ int64_t clear_autotune_entries() {
   std::unique_lock<std::shared_mutex> lock(g_table_mutex);
   const int64_t n = static_cast<int64_t>(g_table.size());
   g_table.clear();
+  g_failed.clear();
   g_entry_count.store(0);
   return n;
 }
