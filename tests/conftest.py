@@ -206,3 +206,23 @@ def as_params(samples):
     return [
         pytest.param(op, args, kwargs, id=f"{op}-{case}") for op, args, kwargs, case in samples
     ]
+
+
+@pytest.fixture
+def gen(request):
+    """A CUDA generator seeded from the test's node id (the GPU tests draw their inputs from it)."""
+    from cuda_helpers import seeded_generator
+
+    return seeded_generator(request.node.nodeid)
+
+
+@pytest.fixture
+def empty_autotune_table():
+    """The autotune table empty and first-call mode off, before and after the test."""
+    from cutlass_nn import autotune
+
+    previous = autotune.enable(False)
+    autotune.clear()
+    yield
+    autotune.clear()
+    autotune.enable(previous)

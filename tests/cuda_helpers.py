@@ -161,6 +161,42 @@ def seeded_generator(key: str, device="cuda") -> torch.Generator:
 
 
 # ---------------------------------------------------------------------------------------------
+# SM90 kernel selection
+# ---------------------------------------------------------------------------------------------
+
+
+def is_sm90_build() -> bool:
+    """An SM 9.0 (Hopper) GPU and an extension built with its sm_90a kernels."""
+    return (
+        torch.cuda.get_device_capability() == (9, 0)
+        and "90a" in cutlass_nn.build_info()["cuda_archs"]
+    )
+
+
+def needs_sm90() -> None:
+    """Skips the calling test unless is_sm90_build(), saying which part is missing."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an SM 9.0 (Hopper) GPU")
+    if "90a" not in cutlass_nn.build_info()["cuda_archs"]:
+        pytest.skip("the extension was built without sm_90a kernels")
+
+
+def sm90_config_names() -> list[str]:
+    """The SM90 tile configuration names, in index order."""
+    return [n for n in torch.ops.cutlass_nn._gemm_configs().split("\n") if n]
+
+
+@contextlib.contextmanager
+def forced_config(config: int, swizzle: int = 0, splits: int = 0) -> Iterator[None]:
+    """Within the block every GEMM is forced to one SM90 configuration (process-wide)."""
+    previous = torch.ops.cutlass_nn._set_gemm_config(config, swizzle, splits)
+    try:
+        yield
+    finally:
+        torch.ops.cutlass_nn._set_gemm_config(*previous)
+
+
+# ---------------------------------------------------------------------------------------------
 # Operands in a given memory layout
 # ---------------------------------------------------------------------------------------------
 

@@ -18,15 +18,7 @@ import cutlass_nn
 from cutlass_nn import autotune
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True)
-def empty_table():
-    previous = autotune.enable(False)
-    autotune.clear()
-    yield
-    autotune.clear()
-    autotune.enable(previous)
+pytestmark = pytest.mark.usefixtures("empty_autotune_table")
 
 
 def _row(**overrides) -> dict:

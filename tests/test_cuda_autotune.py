@@ -6,7 +6,6 @@ model's GEMMs without changing its state."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import threading
@@ -22,52 +21,19 @@ from cuda_helpers import (
     assert_unchanged,
     check_close,
     clone_all,
+    forced_config,
     gemm_args,
+    needs_sm90,
     run_ours,
     run_torch,
-    seeded_generator,
+    sm90_config_names,
     to64,
 )
 
-pytestmark = CUDA_MARKS
+pytestmark = [*CUDA_MARKS, pytest.mark.usefixtures("empty_autotune_table")]
 
 ops = cutlass_nn.ops
 FLOOR_16 = 2e-3
-
-
-@pytest.fixture
-def gen(request):
-    return seeded_generator(request.node.nodeid)
-
-
-@pytest.fixture(autouse=True)
-def empty_table():
-    """Every test starts and ends with an empty table and first-call mode off."""
-    previous = autotune.enable(False)
-    autotune.clear()
-    yield
-    autotune.clear()
-    autotune.enable(previous)
-
-
-def _needs_sm90():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs an SM 9.0 (Hopper) GPU")
-    if "90a" not in cutlass_nn.build_info()["cuda_archs"]:
-        pytest.skip("the extension was built without sm_90a kernels")
-
-
-def _config_names() -> list[str]:
-    return [n for n in torch.ops.cutlass_nn._gemm_configs().split("\n") if n]
-
-
-@contextlib.contextmanager
-def _forced(config: int, swizzle: int = 0, splits: int = 0):
-    previous = torch.ops.cutlass_nn._set_gemm_config(config, swizzle, splits)
-    try:
-        yield
-    finally:
-        torch.ops.cutlass_nn._set_gemm_config(*previous)
 
 
 # Problems where the rule is known to be slower than the best configuration (benchmarks/NOTES.md
@@ -86,7 +52,7 @@ CASES = [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("op,shape", CASES, ids=[f"{o}-{'x'.join(map(str, s))}" for o, s in CASES])
 def test_tuned_problem_is_accurate_repeatable_and_kept(op, shape, dtype, gen):
-    _needs_sm90()
+    needs_sm90()
     args = gemm_args(op, *shape, dtype, "contig", gen)
     before = clone_all(args)
     context = f"{op} {shape} {dtype}"
@@ -114,7 +80,7 @@ def test_tuned_problem_is_accurate_repeatable_and_kept(op, shape, dtype, gen):
 
 @pytest.mark.parametrize("shape", [(4096, 768, 768), (2048, 2816, 1024)])
 def test_tuned_accumulation_into_a_float32_main_gradient(shape, gen):
-    _needs_sm90()
+    needs_sm90()
     tokens, n, k = shape
     dy = torch.randn(tokens, n, device="cuda", generator=gen).bfloat16()
     x = torch.randn(tokens, k, device="cuda", generator=gen).bfloat16()
@@ -134,10 +100,10 @@ def test_tuned_accumulation_into_a_float32_main_gradient(shape, gen):
 
 
 def test_table_entry_decides_the_kernel_and_forcing_wins(gen, tmp_path):
-    _needs_sm90()
+    needs_sm90()
     op, shape = "linear_nobias", (4096, 4096, 4096)  # the rule: config 0 (128x256)
     args = gemm_args(op, *shape, torch.bfloat16, "contig", gen)
-    names = _config_names()
+    names = sm90_config_names()
     run_ours(op, args)
     assert ops.last_kernel_name().endswith(names[0])
     # A table entry naming config 2 with 2 K slices (written as a file, loaded).
@@ -155,13 +121,13 @@ def test_table_entry_decides_the_kernel_and_forcing_wins(gen, tmp_path):
     assert ops.last_kernel_name().endswith(names[2]), ops.last_kernel_name()
     check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, "config 2 split 2")
     # A forced configuration (the benchmark sweep's switch) wins over the table.
-    with _forced(3):
+    with forced_config(3):
         run_ours(op, args)
     assert ops.last_kernel_name().endswith(names[3]), ops.last_kernel_name()
 
 
 def test_small_problems_are_not_tuned(gen):
-    _needs_sm90()
+    needs_sm90()
     args = gemm_args("linear", 64, 128, 256, torch.bfloat16, "contig", gen)
     with autotune.tuning():
         run_ours("linear", args)
@@ -169,14 +135,14 @@ def test_small_problems_are_not_tuned(gen):
 
 
 def test_float32_problems_are_not_tuned(gen):
-    _needs_sm90()
+    needs_sm90()
     with autotune.tuning():
         run_ours("mm", gemm_args("mm", 1024, 1024, 1024, torch.float32, "contig", gen))
     assert autotune.entries() == []
 
 
 def test_capture_never_tunes_and_replays_correctly(gen):
-    _needs_sm90()
+    needs_sm90()
     x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
     ops.linear(x[:8], w)  # warm up the kernels and allocator outside the capture
@@ -198,7 +164,7 @@ def test_capture_never_tunes_and_replays_correctly(gen):
 
 
 def test_compiled_code_tunes_and_reads_the_table(gen):
-    _needs_sm90()
+    needs_sm90()
     torch._dynamo.reset()
     x = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(2816, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -214,7 +180,7 @@ def test_compiled_code_tunes_and_reads_the_table(gen):
 
 
 def test_two_threads_tune_one_problem_once(gen):
-    _needs_sm90()
+    needs_sm90()
     x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(768, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
     results: list = [None, None]
@@ -241,7 +207,7 @@ def test_two_threads_tune_one_problem_once(gen):
 
 
 def test_save_load_round_trip(gen, tmp_path):
-    _needs_sm90()
+    needs_sm90()
     with autotune.tuning():
         for op, shape in CASES[:3]:
             run_ours(op, gemm_args(op, *shape, torch.bfloat16, "contig", gen))
@@ -264,7 +230,7 @@ def test_save_load_round_trip(gen, tmp_path):
 
 
 def test_add_entries_validates_every_field():
-    _needs_sm90()
+    needs_sm90()
     good = [0, 4096, 4096, 4096, 0, 1, 1, 1, 0, 0, 2, 0, 2, 0, 0, 0, 0, 0, 5]
     bad_config = list(good)
     bad_config[10] = 99
@@ -278,7 +244,7 @@ def test_add_entries_validates_every_field():
 
 
 def test_convert_with_example_inputs_tunes_without_changing_state(gen):
-    _needs_sm90()
+    needs_sm90()
     torch.manual_seed(0)
     stock = nn.Sequential(
         nn.Linear(1024, 2816), nn.GELU(), nn.Dropout(0.1), nn.Linear(2816, 1024),

@@ -20,37 +20,17 @@ import cutlass_nn
 from cuda_helpers import (
     CUDA_MARKS,
     check_close,
+    forced_config,
+    is_sm90_build,
     matmul_precision,
     run_ours,
     run_torch,
-    seeded_generator,
     to64,
 )
 
 pytestmark = CUDA_MARKS
 
 ops = cutlass_nn.ops
-
-
-@pytest.fixture
-def gen(request):
-    return seeded_generator(request.node.nodeid)
-
-
-def _is_hopper_build() -> bool:
-    return (
-        torch.cuda.get_device_capability() == (9, 0)
-        and "90a" in cutlass_nn.build_info()["cuda_archs"]
-    )
-
-
-@contextlib.contextmanager
-def _forced(config: int, swizzle: int = 0, splits: int = 0):
-    previous = torch.ops.cutlass_nn._set_gemm_config(config, swizzle, splits)
-    try:
-        yield
-    finally:
-        torch.ops.cutlass_nn._set_gemm_config(*previous)
 
 
 @dataclass(frozen=True)
@@ -70,13 +50,13 @@ class Path:
 
     @contextlib.contextmanager
     def active(self):
-        if self.hopper_only and not _is_hopper_build():
+        if self.hopper_only and not is_sm90_build():
             pytest.skip(f"path {self.name} needs an SM90 GPU and an sm_90a build")
         with contextlib.ExitStack() as stack:
             stack.enter_context(ops.force_sm80_kernels(self.sm80))
             stack.enter_context(matmul_precision(self.tf32))
             if self.config >= 0:
-                stack.enter_context(_forced(self.config, 0, self.splits))
+                stack.enter_context(forced_config(self.config, 0, self.splits))
             yield
 
 

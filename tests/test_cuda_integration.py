@@ -28,7 +28,6 @@ from cuda_helpers import (
     matmul_precision,
     run_ours,
     run_torch,
-    seeded_generator,
     to64,
 )
 
@@ -49,11 +48,6 @@ def ieee_fp32():
     """float32 matmuls in full IEEE precision (torch and cutlass_nn alike) for the test."""
     with matmul_precision(False):
         yield
-
-
-@pytest.fixture
-def gen(request):
-    return seeded_generator(request.node.nodeid)
 
 
 _path_params = pytest.mark.parametrize("path", PATHS, indirect=True)

@@ -4,7 +4,6 @@ misaligned (odd K / N) problems to the TMA kernels, and the 3xTF32 path of float
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 import torch
@@ -16,13 +15,16 @@ from cuda_helpers import (
     GEMM_OPS,
     check_close,
     clone_all,
+    forced_config,
     gemm_args,
     gemm_out_shape,
+    is_sm90_build,
     make_matrix,
     matmul_precision,
+    needs_sm90,
     run_ours,
     run_torch,
-    seeded_generator,
+    sm90_config_names,
     to64,
     assert_unchanged,
 )
@@ -31,31 +33,6 @@ pytestmark = CUDA_MARKS
 
 ops = cutlass_nn.ops
 FLOOR_16 = 2e-3
-
-
-@pytest.fixture
-def gen(request):
-    return seeded_generator(request.node.nodeid)
-
-
-def _needs_sm90():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs an SM 9.0 (Hopper) GPU")
-    if "90a" not in cutlass_nn.build_info()["cuda_archs"]:
-        pytest.skip("the extension was built without sm_90a kernels")
-
-
-def _config_names() -> list[str]:
-    return [n for n in torch.ops.cutlass_nn._gemm_configs().split("\n") if n]
-
-
-@contextlib.contextmanager
-def _forced(config: int, swizzle: int = 0, splits: int = 0):
-    previous = torch.ops.cutlass_nn._set_gemm_config(config, swizzle, splits)
-    try:
-        yield
-    finally:
-        torch.ops.cutlass_nn._set_gemm_config(*previous)
 
 
 # The configurations that run the transposed problem D^T = B^T A^T (small M).
@@ -81,7 +58,7 @@ def _config_has_kernel(config: int, op: str) -> bool:
 
 
 def test_config_names_listed():
-    names = _config_names()
+    names = sm90_config_names()
     assert len(names) == N_CONFIGS and len(set(names)) == N_CONFIGS, names
     assert names[0] == "128x256x64_2x1x1_coop"
     assert all(("swapab" in names[c]) == (c in SWAPPED_CONFIGS) for c in range(N_CONFIGS)), names
@@ -108,22 +85,22 @@ CONFIG_SHAPES = {"aligned": (512, 768, 1024), "small_m": (16, 1024, 2048), "edge
 @pytest.mark.parametrize("op", GEMM_OPS)
 @pytest.mark.parametrize("config", range(N_CONFIGS))
 def test_each_sm90_config(config, op, shape, dtype, gen):
-    _needs_sm90()
+    needs_sm90()
     m, n, k = shape
     args = gemm_args(op, m, n, k, dtype, "contig", gen)
     before = clone_all(args)
-    with _forced(config):
+    with forced_config(config):
         ours = run_ours(op, args)
         name = ops.last_kernel_name()
     context = f"{op} {shape} config={config} {dtype}"
     if not _config_has_kernel(config, op):
         # Forced onto a GEMM it has no kernel for: the rule's row-major SM90 kernel instead.
-        assert name.startswith("sm90") and _config_names()[config] not in name, (
+        assert name.startswith("sm90") and sm90_config_names()[config] not in name, (
             f"{context}: ran {name}"
         )
         assert "swapab" not in name or _transposable(op), f"{context}: ran {name}"
     else:
-        assert name.endswith(_config_names()[config]), f"{context}: ran {name}"
+        assert name.endswith(sm90_config_names()[config]), f"{context}: ran {name}"
     assert ours.shape == gemm_out_shape(op, m, n, k)
     check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)
     assert_unchanged(args, before, context)
@@ -132,16 +109,16 @@ def test_each_sm90_config(config, op, shape, dtype, gen):
 @pytest.mark.parametrize("config", range(4))
 def test_each_sm90_config_fp32_accumulation(config, gen):
     """The fp32-output wgrad kernels (an fp32 main gradient, beta = 1 with C == D)."""
-    _needs_sm90()
+    needs_sm90()
     m, n, k = 300, 264, 136
     dy = make_matrix(m, n, torch.bfloat16, "contig", gen)
     x = make_matrix(m, k, torch.bfloat16, "contig", gen)
     gw = make_matrix(n, k, torch.float32, "contig", gen)
     start = gw.clone()
-    with _forced(config):
+    with forced_config(config):
         ops.linear_wgrad_accumulate_(gw, dy, x)
         name = ops.last_kernel_name()
-    assert name.endswith(_config_names()[config]) and "f32" in name, name
+    assert name.endswith(sm90_config_names()[config]) and "f32" in name, name
     ref64 = start.double() + dy.double().t() @ x.double()
     check_close(gw, start + torch.mm(dy.t().float(), x.float()), ref64, FLOOR_16BIT_INTO_F32,
                 f"config {config}")
@@ -149,9 +126,9 @@ def test_each_sm90_config_fp32_accumulation(config, gen):
 
 @pytest.mark.parametrize("swizzle", [1, 2, 4, 8])
 def test_scheduler_swizzle(swizzle, gen):
-    _needs_sm90()
+    needs_sm90()
     args = gemm_args("linear", 1024, 2048, 256, torch.bfloat16, "contig", gen)
-    with _forced(0, swizzle):
+    with forced_config(0, swizzle):
         ours = run_ours("linear", args)
     check_close(ours, run_torch("linear", args), run_torch("linear", to64(args)), FLOOR_16,
                 f"swizzle {swizzle}")
@@ -160,7 +137,7 @@ def test_scheduler_swizzle(swizzle, gen):
 def test_rule_gives_small_m_narrow_n_a_stream_k_kernel(gen):
     """A decode-like problem (16 rows) with too few weight rows for a 64-row tile per SM must
     not run the 128x256 persistent kernel, whose few tiles would leave most SMs idle."""
-    _needs_sm90()
+    needs_sm90()
     args = gemm_args("linear_nobias", 16, 512, 4096, torch.bfloat16, "contig", gen)
     run_ours("linear_nobias", args)
     assert "streamk" in ops.last_kernel_name(), ops.last_kernel_name()
@@ -172,19 +149,19 @@ def test_rule_gives_short_k_wgrad_its_own_kernel(tokens, dtype, gen):
     """wgrad over a few tokens (K <= 256): the write-bound short-K configurations (a wider
     epilogue tile: 128x128 up to K = 128, 128x64 beyond); an fp32 output (accumulation) keeps
     the default configuration."""
-    _needs_sm90()
+    needs_sm90()
     dy = make_matrix(tokens, 4096, dtype, "contig", gen)
     x = make_matrix(tokens, 2048, dtype, "contig", gen)
     ref64 = dy.double().t() @ x.double()
     gw = ops.linear_wgrad(dy, x)
     name = ops.last_kernel_name()
-    assert name.endswith(_config_names()[9 if tokens <= 128 else 8]), name
+    assert name.endswith(sm90_config_names()[9 if tokens <= 128 else 8]), name
     check_close(gw, torch.mm(dy.t(), x), ref64, FLOOR_16, f"wgrad over {tokens} tokens")
     acc = make_matrix(4096, 2048, torch.float32, "contig", gen)
     start = acc.clone()
     ops.linear_wgrad_accumulate_(acc, dy, x)
     name = ops.last_kernel_name()
-    assert name.endswith(_config_names()[0]) and "f32" in name, name
+    assert name.endswith(sm90_config_names()[0]) and "f32" in name, name
     check_close(acc, start + torch.mm(dy.t().float(), x.float()), ref64 + start.double(),
                 FLOOR_16BIT_INTO_F32, f"fp32 wgrad accumulation over {tokens} tokens")
 
@@ -226,14 +203,14 @@ def _op_shape(op: str, m: int, n: int, k: int) -> tuple[int, int, int]:
 @pytest.mark.parametrize("shape", SMALL_M_SHAPES.values(), ids=SMALL_M_SHAPES.keys())
 @pytest.mark.parametrize("op", ["linear", "linear_nobias", "linear_dgrad", "mm"])
 def test_rule_runs_small_m_transposed(op, shape, dtype, gen):
-    _needs_sm90()
+    needs_sm90()
     m, n, k = shape
     args = gemm_args(op, *_op_shape(op, m, n, k), dtype, "contig", gen)
     before = clone_all(args)
     ours = run_ours(op, args)
     name = ops.last_kernel_name()
     context = f"{op} {shape} {dtype}"
-    expected = _config_names()[_expected_swapped_config(m, n)]
+    expected = sm90_config_names()[_expected_swapped_config(m, n)]
     assert expected in name, f"{context}: ran {name}"
     assert ours.shape == gemm_out_shape(op, *_op_shape(op, m, n, k)) and ours.is_contiguous()
     check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)
@@ -245,7 +222,7 @@ def test_rule_runs_small_m_transposed(op, shape, dtype, gen):
 def test_small_m_operands_the_transposed_kernels_cannot_read(op, layout, gen):
     """Unaligned, odd-strided or column-major operands of a small-M problem: whatever kernel
     takes them (the row-major rule's, padded, or SM80), the result is right."""
-    _needs_sm90()
+    needs_sm90()
     args = gemm_args(op, *_op_shape(op, 16, 8192, 520), torch.bfloat16, layout, gen)
     before = clone_all(args)
     ours = run_ours(op, args)
@@ -259,7 +236,7 @@ def test_small_m_operands_the_transposed_kernels_cannot_read(op, layout, gen):
 def test_small_m_fused_activation_runs_transposed_gemm_then_activation(act, m, gen):
     """No fused kernel at a small M: the transposed GEMM, then the activation pass (the output and
     the pre-activation as from the fused kernels, rounded once)."""
-    _needs_sm90()
+    needs_sm90()
     F = torch.nn.functional
     torch_act = {"relu": F.relu, "gelu": F.gelu,
                  "gelu_tanh": lambda z: F.gelu(z, approximate="tanh")}[act]
@@ -285,7 +262,7 @@ ODD_SHAPES = {"odd_kn": (520, 1027, 1029), "odd_m": (515, 1031, 1024), "odd_all"
 @pytest.mark.parametrize("shape", ODD_SHAPES.values(), ids=ODD_SHAPES.keys())
 @pytest.mark.parametrize("op", GEMM_OPS)
 def test_misaligned_problems_run_padded_on_sm90(op, shape, dtype, gen):
-    _needs_sm90()
+    needs_sm90()
     m, n, k = shape
     args = gemm_args(op, m, n, k, dtype, "contig", gen)
     before = clone_all(args)
@@ -301,7 +278,7 @@ def test_misaligned_problems_run_padded_on_sm90(op, shape, dtype, gen):
 @pytest.mark.parametrize("acc_dtype", [torch.bfloat16, torch.float32], ids=["same", "f32"])
 def test_misaligned_accumulation_padded(acc_dtype, gen):
     """In-place accumulation on the padded path: existing values kept, padding never written."""
-    _needs_sm90()
+    needs_sm90()
     m, n, k = 1001, 515, 517
     dy = make_matrix(m, n, torch.bfloat16, "contig", gen)
     x = make_matrix(m, k, torch.bfloat16, "contig", gen)
@@ -343,18 +320,12 @@ def test_fp32_highest_is_3xtf32_at_fp32_accuracy(op, shape, gen):
     assert "3xtf32" in name or "simt" in name, name
     if shape == F32_SHAPES["aligned"]:
         assert "3xtf32" in name, name
-    if shape != F32_SHAPES["small"] and _is_sm90_build():
+    if shape != F32_SHAPES["small"] and is_sm90_build():
         assert name == SPLIT_KERNEL, name
     ref = run_torch(op, to64(args))
     err = lambda t: float((t.double() - ref).norm() / ref.norm())  # noqa: E731
     assert err(ours) <= 2 * err(torch_fp32) + 1e-6, (name, err(ours), err(torch_fp32))
     assert_unchanged(args, before, op)
-
-
-def _is_sm90_build() -> bool:
-    return torch.cuda.get_device_capability() == (9, 0) and "90a" in cutlass_nn.build_info()[
-        "cuda_archs"
-    ]
 
 
 @pytest.mark.parametrize("op", ["linear", "linear_dgrad", "linear_wgrad"])
@@ -374,7 +345,7 @@ def test_fp32_highest_long_k_matches_cublas_fp32(op, gen):
         ours = run_ours(op, args)
         name = ops.last_kernel_name()
         torch_fp32 = run_torch(op, args)
-    if _is_sm90_build():
+    if is_sm90_build():
         assert name == SPLIT_KERNEL, name
     ref = run_torch(op, to64(args))
     err = lambda t: float((t.double() - ref).norm() / ref.norm())  # noqa: E731
@@ -399,7 +370,7 @@ def test_fp32_highest_split_with_transposed_and_strided_operands(gen):
         name = ops.last_kernel_name()
         again = ops.linear(x.contiguous(), w.contiguous(), bias)
         torch_fp32 = torch.nn.functional.linear(x, w, bias)
-    if _is_sm90_build():
+    if is_sm90_build():
         assert name == SPLIT_KERNEL, name
     assert torch.equal(ours, again)
     ref = torch.nn.functional.linear(x.double(), w.double(), bias.double())
@@ -444,7 +415,7 @@ def test_fp32_highest_split_accumulates_into_a_padded_output(gen):
         ops.linear_wgrad_accumulate_(gw, dy, x)
         name = ops.last_kernel_name()
         torch_fp32 = start + torch.mm(dy.t(), x)
-    if _is_sm90_build():
+    if is_sm90_build():
         assert name == SPLIT_KERNEL, name
     ref = start.double() + dy.double().t() @ x.double()
     err = lambda t: float((t.double() - ref).norm() / ref.norm())  # noqa: E731
@@ -457,10 +428,10 @@ def test_fp32_highest_split_accumulates_into_a_padded_output(gen):
 def test_stream_k_split_factors(op, splits, gen):
     """Forced split-K factors (and data-parallel, splits = 1) of the stream-K configuration,
     including a factor that does not divide the number of k-blocks."""
-    _needs_sm90()
+    needs_sm90()
     m, n, k = 48, 1024, 2056
     args = gemm_args(op, m, n, k, torch.bfloat16, "contig", gen)
-    with _forced(2, 0, splits):
+    with forced_config(2, 0, splits):
         ours = run_ours(op, args)
         first = ours.clone()
         again = run_ours(op, args)
@@ -497,7 +468,7 @@ TRANSFORMER_RULE_CASES = [
     ids=[f"{op}-{'x'.join(map(str, s))}" for op, s, _ in TRANSFORMER_RULE_CASES],
 )
 def test_rule_at_transformer_shapes(op, shape, config, dtype, gen):
-    _needs_sm90()
+    needs_sm90()
     if torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the expected configurations are those of a 132-SM GPU")
     args = gemm_args(op, *shape, dtype, "contig", gen)
@@ -505,7 +476,7 @@ def test_rule_at_transformer_shapes(op, shape, config, dtype, gen):
     ours = run_ours(op, args)
     name = ops.last_kernel_name()
     context = f"{op} {shape} {dtype}"
-    assert name.endswith(_config_names()[config]), f"{context}: ran {name}"
+    assert name.endswith(sm90_config_names()[config]), f"{context}: ran {name}"
     again = run_ours(op, args)
     assert torch.equal(ours, again), f"{context}: repeated call differs ({name})"
     check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)

@@ -39,7 +39,6 @@ from cuda_helpers import (
     poison_allocator,
     run_ours,
     run_torch,
-    seeded_generator,
     to64,
 )
 
@@ -60,11 +59,6 @@ def path(request):
     """A kernel path (indirect parameter), active for the whole test."""
     with kernel_path(request.param):
         yield request.param
-
-
-@pytest.fixture
-def gen(request):
-    return seeded_generator(request.node.nodeid)
 
 
 def _prec_params(**kw):
