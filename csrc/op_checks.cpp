@@ -2,6 +2,7 @@
 
 #include "validation.h"
 
+#include <cmath>
 #include <string>
 
 namespace cutlass_nn {
@@ -125,6 +126,65 @@ void check_activation_grad_args(const at::Tensor& grad_output, const at::Tensor&
   check_same_device(op, "preact", preact, "grad_output", grad_output);
   check_min_dim(op, "grad_output", grad_output, 1, "[*, features]");
   check_same_shape(op, "preact", preact, "grad_output", grad_output);
+}
+
+c10::ScalarType rms_norm_stat_dtype(c10::ScalarType dtype) {
+  return dtype == c10::kDouble ? c10::kDouble : c10::kFloat;
+}
+
+// weight [features] of input's dtype, or float32 beside 16-bit activations (a float32 master
+// weight under autocast).
+static void check_norm_weight(const char* op, const at::Tensor& weight, const char* ref_arg,
+                              const at::Tensor& ref) {
+  const auto dtype = ref.scalar_type();
+  const bool half = dtype == c10::kHalf || dtype == c10::kBFloat16;
+  TORCH_CHECK(weight.scalar_type() == dtype || (half && weight.scalar_type() == c10::kFloat),
+              "cutlass_nn.", op, ": argument 'weight' must have dtype ", dtype_name(dtype),
+              " (the dtype of '", ref_arg, "')", half ? " or float32" : "", ", got ",
+              dtype_name(weight.scalar_type()));
+  check_same_device(op, "weight", weight, ref_arg, ref);
+  check_dim(op, "weight", weight, 1, "[features]");
+  check_size(op, "weight", weight, 0, ref.size(-1), (std::string("features = ") + ref_arg +
+                                                     ".shape[-1]").c_str());
+}
+
+void check_rms_norm_args(const char* op, const at::Tensor& input, const at::Tensor* residual,
+                         const at::Tensor& weight, double eps) {
+  check_float_dtype(op, "input", input);
+  check_min_dim(op, "input", input, 1, "[*, features]");
+  if (residual != nullptr) {
+    check_same_dtype(op, "residual", *residual, "input", input);
+    check_same_device(op, "residual", *residual, "input", input);
+    check_same_shape(op, "residual", *residual, "input", input);
+  }
+  check_norm_weight(op, weight, "input", input);
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, "cutlass_nn.", op,
+              ": argument 'eps' must be a finite number >= 0, got ", std::to_string(eps));
+}
+
+void check_rms_norm_backward_args(const at::Tensor& grad_output,
+                                  const std::optional<at::Tensor>& grad_h, const at::Tensor& h,
+                                  const at::Tensor& weight, const at::Tensor& rstd) {
+  const char* op = "rms_norm_backward";
+  check_float_dtype(op, "h", h);
+  check_min_dim(op, "h", h, 1, "[*, features]");
+  check_same_dtype(op, "grad_output", grad_output, "h", h);
+  check_same_device(op, "grad_output", grad_output, "h", h);
+  check_same_shape(op, "grad_output", grad_output, "h", h);
+  if (grad_h.has_value() && grad_h->defined()) {
+    check_same_dtype(op, "grad_h", *grad_h, "h", h);
+    check_same_device(op, "grad_h", *grad_h, "h", h);
+    check_same_shape(op, "grad_h", *grad_h, "h", h);
+  }
+  check_norm_weight(op, weight, "h", h);
+  const auto stat = rms_norm_stat_dtype(h.scalar_type());
+  TORCH_CHECK(rstd.scalar_type() == stat, "cutlass_nn.", op, ": argument 'rstd' must have dtype ",
+              dtype_name(stat), ", got ", dtype_name(rstd.scalar_type()));
+  check_same_device(op, "rstd", rstd, "h", h);
+  TORCH_CHECK(rstd.sizes() == h.sizes().slice(0, h.dim() - 1), "cutlass_nn.", op,
+              ": argument 'rstd' must have the leading dimensions of 'h' ",
+              shape_string(h.sizes().slice(0, h.dim() - 1)), ", got ",
+              shape_string(rstd.sizes()));
 }
 
 }  // namespace cutlass_nn

@@ -52,4 +52,20 @@ void check_mm_out_arg(const at::Tensor& a, const at::Tensor& out);
 // add2(a, b): same shape, dtype and device
 void check_add2_args(const at::Tensor& a, const at::Tensor& b);
 
+// rms_norm / add_rms_norm(input [*, features], residual (add_rms_norm: input's shape, dtype and
+// device), weight [features], eps): weight has input's dtype, or float32 for 16-bit input; eps
+// is finite and >= 0. `residual` may be nullptr (rms_norm).
+void check_rms_norm_args(const char* op, const at::Tensor& input, const at::Tensor* residual,
+                         const at::Tensor& weight, double eps);
+
+// rms_norm_backward(grad_output, grad_h?, h, weight, rstd): grad_output (and grad_h) with h's
+// shape, dtype and device; weight as for rms_norm; rstd [*] (h's leading dims) in the statistics
+// dtype (float32, float64 for float64 h).
+void check_rms_norm_backward_args(const at::Tensor& grad_output,
+                                  const std::optional<at::Tensor>& grad_h, const at::Tensor& h,
+                                  const at::Tensor& weight, const at::Tensor& rstd);
+
+// The dtype of rms_norm's rstd (its float statistics) for input dtype `dtype`.
+c10::ScalarType rms_norm_stat_dtype(c10::ScalarType dtype);
+
 }  // namespace cutlass_nn

@@ -184,6 +184,24 @@ TORCH_LIBRARY(cutlass_nn, m) {
       "(Tensor, Tensor)",
       tags);
 
+  // RMSNorm over the last dim with float statistics: (out, rstd), out = h * rstd * weight with
+  // h = input and rstd = 1 / sqrt(mean(h^2) + eps) ([*], float32; float64 for float64 input).
+  // weight has input's dtype, or float32 beside 16-bit input.
+  m.def("rms_norm(Tensor input, Tensor weight, float eps) -> (Tensor, Tensor)", tags);
+  // The same of h = input + residual (the residual stream of a pre-norm transformer block):
+  // (out, h, rstd), h being the new residual.
+  m.def(
+      "add_rms_norm(Tensor input, Tensor residual, Tensor weight, float eps) -> "
+      "(Tensor, Tensor, Tensor)",
+      tags);
+  // Their backward: (grad_h, grad_weight) for output gradient grad_output plus grad_h (the
+  // gradient reaching h from elsewhere, or None); grad_weight is an empty [0] tensor unless
+  // weight_grad.
+  m.def(
+      "rms_norm_backward(Tensor grad_output, Tensor? grad_h, Tensor h, Tensor weight, "
+      "Tensor rstd, bool weight_grad) -> (Tensor, Tensor)",
+      tags);
+
   m.def("build_info() -> str", &build_info);
   m.def("_set_force_sm80(bool enable) -> bool", &set_force_sm80);
   m.def("_last_kernel_name() -> str", &last_kernel_name);

@@ -3,9 +3,12 @@
 Public API:
 
 * :class:`CutlassLinear` -- drop-in for ``nn.Linear``; :class:`Add2` -- ``a + b`` as a module.
-* :func:`convert` -- swap the ``nn.Linear`` layers of a model for ``CutlassLinear``.
+* :class:`RMSNorm` -- drop-in for ``nn.RMSNorm`` (and Llama-style RMSNorms); :class:`AddRMSNorm`
+  -- residual add + RMSNorm in one kernel.
+* :func:`convert` -- swap the ``nn.Linear`` layers of a model for ``CutlassLinear`` (and, with
+  ``fuse_norm=True``, its RMSNorms for ``RMSNorm``).
 * :func:`mm` -- drop-in for ``torch.mm`` (``out=`` included).
-* :mod:`cutlass_nn.functional` -- ``linear``, ``mm``, ``add2``.
+* :mod:`cutlass_nn.functional` -- ``linear``, ``mm``, ``add2``, ``rms_norm``, ``add_rms_norm``.
 * :mod:`cutlass_nn.ops` -- the raw operators (also reachable as ``torch.ops.cutlass_nn.*``).
 * :mod:`cutlass_nn.autotune` -- opt-in per-shape tuning of the GEMM kernel configuration.
 """
@@ -14,16 +17,19 @@ from cutlass_nn._version import __version__
 from cutlass_nn import ops  # loads the extension and registers fake / autograd implementations
 from cutlass_nn import functional
 from cutlass_nn import autotune
-from cutlass_nn.functional import add2, linear, mm
-from cutlass_nn.modules import Add2, CutlassLinear
+from cutlass_nn.functional import add2, add_rms_norm, linear, mm, rms_norm
+from cutlass_nn.modules import Add2, AddRMSNorm, CutlassLinear, RMSNorm
 from cutlass_nn.convert import convert
 from cutlass_nn._extension import build_info, has_cuda_kernels
 
 __all__ = [
     "__version__",
     "Add2",
+    "AddRMSNorm",
     "CutlassLinear",
+    "RMSNorm",
     "add2",
+    "add_rms_norm",
     "autotune",
     "build_info",
     "convert",
@@ -32,6 +38,7 @@ __all__ = [
     "linear",
     "mm",
     "ops",
+    "rms_norm",
 ]
 
 autotune._init_from_env()  # CUTLASS_NN_AUTOTUNE, CUTLASS_NN_AUTOTUNE_CACHE

@@ -1,14 +1,34 @@
-"""Swap ``nn.Linear`` layers of an existing model for ``CutlassLinear``."""
+"""Swap ``nn.Linear`` layers (and, on request, RMSNorms) of an existing model for the cutlass_nn
+modules."""
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any, Callable
 
 from torch import nn
 
 from cutlass_nn import autotune
-from cutlass_nn.modules import CutlassLinear
+from cutlass_nn.modules import CutlassLinear, RMSNorm
+
+_log = logging.getLogger("cutlass_nn.convert")
+
+#: RMSNorm classes of ``transformers`` whose forward is ``weight * (x.float() * rsqrt(mean(x^2)
+#: + variance_epsilon)).to(x.dtype)`` (Gemma's ``1 + weight`` form is not among them).
+LLAMA_STYLE_NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+
+
+def _is_convertible_norm(child: nn.Module) -> bool:
+    if type(child) is nn.RMSNorm:
+        return child.weight is not None and len(child.normalized_shape) == 1
+    return (
+        type(child).__name__ in LLAMA_STYLE_NORMS
+        and type(child).__module__.startswith("transformers.")
+        and getattr(child, "weight", None) is not None
+        and child.weight.dim() == 1
+        and isinstance(getattr(child, "variance_epsilon", None), float)
+    )
 
 __all__ = ["convert"]
 
@@ -16,10 +36,15 @@ FilterFn = Callable[[str, nn.Module], bool]
 
 
 def convert(
-    module: nn.Module, filter_fn: FilterFn | None = None, *, example_inputs: Any = None
+    module: nn.Module,
+    filter_fn: FilterFn | None = None,
+    *,
+    example_inputs: Any = None,
+    fuse_norm: bool = False,
 ) -> nn.Module:
     """Replace, in place, every submodule whose type is exactly ``nn.Linear`` by a
-    ``CutlassLinear`` sharing the same parameters.
+    ``CutlassLinear`` sharing the same parameters (and, with ``fuse_norm``, every RMSNorm it
+    recognizes by a :class:`cutlass_nn.RMSNorm` sharing the weight).
 
     Subclasses of ``nn.Linear`` are left alone on purpose: e.g. the output projection inside
     ``nn.MultiheadAttention`` is such a subclass, and the attention reads its ``.weight``
@@ -39,6 +64,13 @@ def convert(
             the process; no ``.grad``, buffer or random state is changed), and what was picked
             is logged on the ``cutlass_nn.autotune`` logger (``cutlass_nn.autotune.entries()``
             lists it).
+        fuse_norm: also replace the RMSNorms: modules of exactly type ``nn.RMSNorm`` (with a
+            weight, one normalized dimension) and the Llama-style RMSNorms of ``transformers``
+            (:data:`LLAMA_STYLE_NORMS`: Llama, Mistral, Qwen2, Qwen3), whose forward and
+            backward then run as one kernel each. ``state_dict`` keys do not change.
+            ``filter_fn`` is asked about them too (it sees only the candidate modules).
+
+    What was converted is logged on the ``cutlass_nn.convert`` logger (INFO).
 
     Returns:
         ``module`` (converted in place), or the new root layer.
@@ -62,27 +94,44 @@ def convert(
             f"filter_fn(name, module) -> bool, got {type(filter_fn).__qualname__}"
         )
 
-    def accepted(name: str, child: nn.Module) -> bool:
-        return type(child) is nn.Linear and (filter_fn is None or filter_fn(name, child))
+    def replacement(name: str, child: nn.Module) -> nn.Module | None:
+        """The cutlass_nn module for ``child``, or None to leave it."""
+        if type(child) is nn.Linear:
+            make = CutlassLinear.from_linear
+        elif fuse_norm and _is_convertible_norm(child):
+            make = RMSNorm.from_module
+        else:
+            return None
+        # filter_fn sees the candidates only
+        return make(child) if filter_fn is None or filter_fn(name, child) else None
 
-    if accepted("", module):
-        root = CutlassLinear.from_linear(module)
+    root = replacement("", module)
+    if root is not None:
         if example_inputs is not None:
             autotune.tune(root, example_inputs)
         return root
 
-    replaced: dict[int, CutlassLinear] = {}
+    replaced: dict[int, nn.Module] = {}
     for parent_name, parent in list(module.named_modules(remove_duplicate=False)):
         for child_name, child in list(parent.named_children()):
             name = f"{parent_name}.{child_name}" if parent_name else child_name
             if id(child) in replaced:
                 setattr(parent, child_name, replaced[id(child)])
-            elif accepted(name, child):
-                replaced[id(child)] = CutlassLinear.from_linear(child)
-                setattr(parent, child_name, replaced[id(child)])
+                continue
+            new = replacement(name, child)
+            if new is not None:
+                replaced[id(child)] = new
+                setattr(parent, child_name, new)
+    linears = sum(isinstance(m, CutlassLinear) for m in replaced.values())
+    _log.info(
+        "cutlass_nn.convert: %d nn.Linear -> CutlassLinear, %d RMSNorm -> cutlass_nn.RMSNorm",
+        linears,
+        len(replaced) - linears,
+    )
     if not replaced:
         warnings.warn(
-            f"cutlass_nn.convert: no nn.Linear layer of this {type(module).__name__} was converted "
+            f"cutlass_nn.convert: no {'nn.Linear or RMSNorm' if fuse_norm else 'nn.Linear'} "
+            f"layer of this {type(module).__name__} was converted "
             "(none found, or filter_fn rejected them all)",
             stacklevel=2,
         )

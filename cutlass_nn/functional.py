@@ -17,8 +17,10 @@ _linear = torch.ops.cutlass_nn.linear.default
 _linear_act = torch.ops.cutlass_nn.linear_act.default
 _mm = torch.ops.cutlass_nn.mm.default
 _add2 = torch.ops.cutlass_nn.add2.default
+_rms_norm = torch.ops.cutlass_nn.rms_norm.default
+_add_rms_norm = torch.ops.cutlass_nn.add_rms_norm.default
 
-__all__ = ["linear", "mm", "add2"]
+__all__ = ["linear", "mm", "add2", "rms_norm", "add_rms_norm"]
 
 
 def linear(
@@ -81,3 +83,54 @@ def add2(a: Tensor, b: Tensor) -> Tensor:
         A new tensor; differentiable in both arguments.
     """
     return _add2(a, b)
+
+
+def _eps(eps: float | None, dtype: torch.dtype) -> float:
+    # torch.nn.functional.rms_norm's default: the machine epsilon of the input's dtype
+    return torch.finfo(dtype).eps if eps is None else float(eps)
+
+
+def rms_norm(input: Tensor, weight: Tensor, eps: float | None = None) -> Tensor:
+    """RMSNorm over the last dimension, forward and backward in one pass each:
+    ``input * rsqrt(mean(input^2, -1) + eps) * weight``.
+
+    The drop-in for ``torch.nn.functional.rms_norm(input, (features,), weight, eps)`` and for
+    the RMSNorm of Llama-style ``transformers`` models; the statistics are float32 (float64 for
+    float64 input) and the output is rounded once.
+
+    Args:
+        input: ``[*, features]``, a floating dtype.
+        weight: ``[features]``, ``input``'s dtype or float32 (a float32 master weight beside
+            16-bit activations; the output keeps ``input``'s dtype).
+        eps: added to the mean square; None (default) is ``torch.finfo(input.dtype).eps``,
+            as in torch.
+
+    Returns:
+        ``[*, features]`` in ``input``'s dtype (contiguous). Differentiable in ``input`` and
+        ``weight``, also twice (with ``create_graph`` the backward is written with torch ops).
+    """
+    return _rms_norm(input, weight, _eps(eps, input.dtype))[0]
+
+
+def add_rms_norm(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """The residual add of a pre-norm transformer block fused with the RMSNorm that follows it:
+    ``h = x + residual; return rms_norm(h, weight, eps), h``, in one pass over the activations
+    (and one in the backward).
+
+    Args:
+        x, residual: tensors of the same shape ``[*, features]``; of different floating dtypes
+            they are first promoted to their common dtype, as ``x + residual`` would be.
+        weight, eps: as for :func:`rms_norm`.
+
+    Returns:
+        ``(out, h)``: the normalized output and the new residual ``h`` (rounded to the dtype
+        exactly as the unfused add is, and normalized as stored). Differentiable in all three
+        tensors.
+    """
+    if x.dtype != residual.dtype:
+        common = torch.result_type(x, residual)
+        x, residual = x.to(common), residual.to(common)
+    out, h, _ = _add_rms_norm(x, residual, weight, _eps(eps, x.dtype))
+    return out, h

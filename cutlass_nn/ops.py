@@ -12,6 +12,7 @@ autocast dtype, as ``nn.Linear`` and ``torch.mm`` do). A wrapper here is one ope
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from typing import Iterator
 
@@ -137,6 +138,38 @@ def activation_grad(
     elementwise ops (second-order gradients only)."""
     _check_activation_type("activation_grad", activation)
     return _ops.activation_grad.default(grad_output, preact, activation, bias_grad)
+
+
+def rms_norm(input: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """RMSNorm over the last dim: ``(out, rstd)`` with ``rstd = 1 / sqrt(mean(input^2, -1) +
+    eps)`` in float32 (float64 for float64 input) and ``out = input * rstd * weight`` rounded
+    once to ``input``'s dtype. ``weight`` ``[features]`` has ``input``'s dtype, or float32
+    beside 16-bit ``input``. Differentiable in ``input`` and ``weight``."""
+    return _ops.rms_norm.default(input, weight, eps)
+
+
+def add_rms_norm(
+    input: Tensor, residual: Tensor, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`rms_norm` of ``h = input + residual`` (rounded to the dtype, as the unfused add
+    is) in one pass: ``(out, h, rstd)``; ``h`` is the new residual stream."""
+    return _ops.add_rms_norm.default(input, residual, weight, eps)
+
+
+def rms_norm_backward(
+    grad_output: Tensor,
+    grad_h: Tensor | None,
+    h: Tensor,
+    weight: Tensor,
+    rstd: Tensor,
+    weight_grad: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """The backward of :func:`rms_norm` / :func:`add_rms_norm` at ``h`` (their input, or the sum
+    they formed) with their ``rstd``: ``(grad_h, grad_weight)``; ``grad_h`` includes the
+    incoming gradient ``grad_h`` of ``h`` itself (None: none). ``grad_weight`` (in ``weight``'s
+    dtype, summed in float in a fixed order) is an empty ``[0]`` tensor unless
+    ``weight_grad``. Not differentiable itself."""
+    return _ops.rms_norm_backward.default(grad_output, grad_h, h, weight, rstd, weight_grad)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,6 +370,89 @@ def _add2_fake(a, b):
         f"argument 'b' must have the shape of 'a' {list(a.shape)}, got {list(b.shape)}",
     )
     return torch.empty_like(a)
+
+
+def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _fake_norm_weight(op: str, weight: Tensor, ref_name: str, ref: Tensor) -> None:
+    half = ref.dtype in (torch.float16, torch.bfloat16)
+    torch._check(
+        weight.dtype == ref.dtype or (half and weight.dtype == torch.float32),
+        lambda: f"cutlass_nn.{op}: argument 'weight' must have dtype {_dtype_name(ref.dtype)} "
+        f"(the dtype of '{ref_name}'){' or float32' if half else ''}, got "
+        f"{_dtype_name(weight.dtype)}",
+    )
+    _check(
+        weight.device == ref.device,
+        op,
+        f"argument 'weight' must be on device {ref.device} (the device of '{ref_name}'), "
+        f"got {weight.device}",
+    )
+    _check(
+        weight.dim() == 1 and weight.shape[0] == ref.shape[-1],
+        op,
+        f"argument 'weight' must be a 1-D tensor [features] of size {ref.shape[-1]}, got shape "
+        f"{list(weight.shape)}",
+    )
+
+
+def _fake_rms_norm_args(op, input, residual, weight, eps):
+    _fake_common(op, "input", input, {} if residual is None else {"residual": residual})
+    _check(input.dim() >= 1, op, "argument 'input' must have at least 1 dimension(s)")
+    if residual is not None:
+        _check(
+            residual.shape == input.shape,
+            op,
+            f"argument 'residual' must have the shape of 'input' {list(input.shape)}, got "
+            f"{list(residual.shape)}",
+        )
+    _fake_norm_weight(op, weight, "input", input)
+    _check(
+        math.isfinite(eps) and eps >= 0.0, op, f"argument 'eps' must be a finite number >= 0, got {eps}"
+    )
+
+
+def _fake_rstd(input: Tensor) -> Tensor:
+    return input.new_empty(input.shape[:-1], dtype=_stat_dtype(input.dtype))
+
+
+@torch.library.register_fake("cutlass_nn::rms_norm")
+def _rms_norm_fake(input, weight, eps):
+    _fake_rms_norm_args("rms_norm", input, None, weight, eps)
+    return torch.empty_like(input, memory_format=torch.contiguous_format), _fake_rstd(input)
+
+
+@torch.library.register_fake("cutlass_nn::add_rms_norm")
+def _add_rms_norm_fake(input, residual, weight, eps):
+    _fake_rms_norm_args("add_rms_norm", input, residual, weight, eps)
+    out = torch.empty_like(input, memory_format=torch.contiguous_format)
+    h = torch.empty_like(input, memory_format=torch.contiguous_format)
+    return out, h, _fake_rstd(input)
+
+
+@torch.library.register_fake("cutlass_nn::rms_norm_backward")
+def _rms_norm_backward_fake(grad_output, grad_h, h, weight, rstd, weight_grad):
+    op = "rms_norm_backward"
+    others = {"grad_output": grad_output, **({"grad_h": grad_h} if grad_h is not None else {})}
+    _fake_common(op, "h", h, others)
+    for name, t in others.items():
+        _check(
+            t.shape == h.shape,
+            op,
+            f"argument '{name}' must have the shape of 'h' {list(h.shape)}, got {list(t.shape)}",
+        )
+    _fake_norm_weight(op, weight, "h", h)
+    _check(
+        rstd.dtype == _stat_dtype(h.dtype) and rstd.shape == h.shape[:-1],
+        op,
+        f"argument 'rstd' must be a {_dtype_name(_stat_dtype(h.dtype))} tensor of shape "
+        f"{list(h.shape[:-1])}, got {_dtype_name(rstd.dtype)} {list(rstd.shape)}",
+    )
+    grad_input = torch.empty_like(h, memory_format=torch.contiguous_format)
+    grad_weight = weight.new_empty((weight.shape[0],) if weight_grad else (0,))
+    return grad_input, grad_weight
 
 
 # ---------------------------------------------------------------------------------------------

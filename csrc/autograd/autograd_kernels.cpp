@@ -19,9 +19,15 @@
 //   activation_grad(g, Z)     with G the total gradient of its output: dg = activation_grad(G,
 //                             Z, act, false), dZ = G * g * act''(Z) (torch elementwise ops; only
 //                             second-order gradients reach it)
+//   rms_norm(X, w)            -> (Y, rstd): dX, dw = rms_norm_backward(dY, None, X, w, rstd)
+//   add_rms_norm(X, R, w)     -> (Y, H, rstd): dH, dw = rms_norm_backward(dY, dH_in, H, w,
+//                             rstd) with dH_in the incoming gradient of H; dX = dR = dH
+//                             (rstd is not differentiable; under create_graph the backward is
+//                             the differentiable ATen formulation of csrc/rms_norm_aten.h,
+//                             with rstd recomputed from H, so second-order gradients are exact)
 //
-// The operators without an autograd formula (linear_wgrad_accumulate_, mm.out) keep torch's
-// default for custom operators.
+// The operators without an autograd formula (linear_wgrad_accumulate_, mm.out,
+// rms_norm_backward) keep torch's default for custom operators.
 //
 // A call that records no node (grad mode off, or no input requires grad) is redispatched
 // straight to the kernel below autograd, so inference and the backward's own calls pay for no
@@ -34,6 +40,7 @@
 #include <tuple>
 
 #include "../include/cutlass_nn/ops.h"
+#include "../rms_norm_aten.h"
 
 namespace cutlass_nn {
 namespace {
@@ -311,6 +318,77 @@ class ActivationGradFunction : public torch::autograd::Function<ActivationGradFu
   }
 };
 
+// (grad_h, grad_weight) of an RMSNorm of h for the output gradient grad_out and the gradient
+// grad_h_in reaching h directly (either may be undefined); grad slot weight_slot gets dw.
+void rms_norm_grads(AutogradContext* ctx, const at::Tensor& grad_out, const at::Tensor& grad_h_in,
+                    int weight_slot, at::Tensor& grad_h, at::Tensor& grad_weight) {
+  if (!grad_out.defined()) {
+    grad_h = grad_h_in;  // only the residual path carries a gradient
+    return;
+  }
+  const auto saved = ctx->get_saved_variables();  // h, weight, rstd
+  const bool need_weight = ctx->needs_input_grad(weight_slot);
+  if (at::GradMode::is_enabled()) {
+    std::tie(grad_h, grad_weight) =
+        rms_norm_backward_aten(grad_out, grad_h_in, saved[0], saved[1], at::Tensor(),
+                               ctx->saved_data["eps"].toDouble(), need_weight);
+  } else {
+    std::tie(grad_h, grad_weight) = cutlass_nn::rms_norm_backward(
+        grad_out, grad_h_in.defined() ? std::optional<at::Tensor>(grad_h_in) : std::nullopt,
+        saved[0], saved[1], saved[2], need_weight);
+  }
+  if (!need_weight) grad_weight = at::Tensor();
+}
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& weight, double eps) {
+    ctx->saved_data["eps"] = eps;
+    ctx->set_materialize_grads(false);
+    at::Tensor out, rstd;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(out, rstd) = cutlass_nn::rms_norm(input, weight, eps);
+    }
+    ctx->save_for_backward({input, weight, rstd});
+    ctx->mark_non_differentiable({rstd});
+    return {out, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    variable_list grads(3);
+    rms_norm_grads(ctx, grads_out[0], at::Tensor(), 1, grads[0], grads[1]);
+    return grads;
+  }
+};
+
+class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& residual, const at::Tensor& weight, double eps) {
+    ctx->saved_data["eps"] = eps;
+    ctx->set_materialize_grads(false);
+    at::Tensor out, h, rstd;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(out, h, rstd) = cutlass_nn::add_rms_norm(input, residual, weight, eps);
+    }
+    ctx->save_for_backward({h, weight, rstd});  // h: saved as an output
+    ctx->mark_non_differentiable({rstd});
+    return {out, h, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    variable_list grads(4);
+    at::Tensor grad_h;
+    rms_norm_grads(ctx, grads_out[0], grads_out[1], 2, grad_h, grads[2]);
+    if (ctx->needs_input_grad(0)) grads[0] = grad_h;
+    if (ctx->needs_input_grad(1)) grads[1] = grad_h;
+    return grads;
+  }
+};
+
 // ---- the Autograd-key kernels: record a node only when one is needed -----------------------
 //
 // A call that records no node is redispatched straight to the keys below autograd with the key
@@ -416,6 +494,35 @@ std::tuple<at::Tensor, at::Tensor> activation_grad_autograd(c10::DispatchKeySet 
   return {out[0], out[1]};
 }
 
+using RmsNormSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                       double);
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_autograd(c10::DispatchKeySet ks,
+                                                     const at::Tensor& input,
+                                                     const at::Tensor& weight, double eps) {
+  if (!records_node(input, weight)) {
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "rms_norm", RmsNormSig, input, weight, eps);
+  }
+  const auto out = RmsNormFunction::apply(input, weight, eps);
+  return {out[0], out[1]};
+}
+
+using AddRmsNormSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, double);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_autograd(c10::DispatchKeySet ks,
+                                                                     const at::Tensor& input,
+                                                                     const at::Tensor& residual,
+                                                                     const at::Tensor& weight,
+                                                                     double eps) {
+  if (!records_node(input, residual, weight)) {
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "add_rms_norm", AddRmsNormSig, input, residual,
+                                         weight, eps);
+  }
+  const auto out = AddRmsNormFunction::apply(input, residual, weight, eps);
+  return {out[0], out[1], out[2]};
+}
+
 #undef CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD
 
 }  // namespace
@@ -430,6 +537,8 @@ TORCH_LIBRARY_IMPL(cutlass_nn, Autograd, m) {
   m.impl("linear_act", &linear_act_autograd);
   m.impl("linear_act_aux", &linear_act_aux_autograd);
   m.impl("activation_grad", &activation_grad_autograd);
+  m.impl("rms_norm", &rms_norm_autograd);
+  m.impl("add_rms_norm", &add_rms_norm_autograd);
 }
 
 }  // namespace cutlass_nn

@@ -17,20 +17,13 @@
 #include "activation.h"
 #include "device_info.h"
 #include "empty_output.h"
+#include "kernel_dtype.h"
 #include "launch_check.h"
 
 namespace cutlass_nn {
 namespace cuda {
 namespace {
 
-kernels::DType kernel_dtype(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::kHalf: return kernels::DType::kFloat16;
-    case c10::kBFloat16: return kernels::DType::kBFloat16;
-    case c10::kFloat: return kernels::DType::kFloat32;
-    default: return kernels::DType::kFloat64;  // the checks admit only the four float dtypes
-  }
-}
 
 void launch_forward(const char* op, const at::Tensor& z, const at::Tensor& out,
                     kernels::Activation act) {

@@ -18,6 +18,7 @@
 #include "empty_output.h"
 #include "gemm_autotune.h"
 #include "gemm_params.h"
+#include "kernel_dtype.h"
 #include "split_tf32.h"
 
 namespace cutlass_nn {
@@ -43,17 +44,6 @@ bool float32_matmul_allows_tf32() {
   return ctx.float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST;
 }
 
-kernels::DType to_kernel_dtype(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::kHalf: return kernels::DType::kFloat16;
-    case c10::kBFloat16: return kernels::DType::kBFloat16;
-    case c10::kFloat: return kernels::DType::kFloat32;
-    case c10::kDouble: return kernels::DType::kFloat64;
-    default:
-      TORCH_CHECK(false, "cutlass_nn: internal error: no GEMM kernel dtype for ",
-                  dtype_name(dtype));
-  }
-}
 
 // A matrix operand as the kernels see it. `holder` keeps a contiguous copy alive (when one was
 // needed) until the kernel has been enqueued; the caching allocator then keeps its memory
@@ -184,8 +174,8 @@ kernels::GemmParams base_params(const Operand& A, const Operand& B, const at::Te
   p.ldb = B.ld;
   p.layout_b = B.layout;
   p.ldd = d.size(0) > 1 ? d.stride(0) : n;
-  p.dtype_ab = to_kernel_dtype(a.scalar_type());
-  p.dtype_cd = to_kernel_dtype(d.scalar_type());
+  p.dtype_ab = kernel_dtype(a.scalar_type());
+  p.dtype_cd = kernel_dtype(d.scalar_type());
   p.fp32_math = split_operands ? kernels::Fp32Math::kTf32Split
                 : a.scalar_type() == c10::kFloat && !float32_matmul_allows_tf32()
                     ? kernels::Fp32Math::kIeee

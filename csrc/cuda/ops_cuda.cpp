@@ -20,20 +20,13 @@
 #include "empty_output.h"
 #include "elementwise.h"
 #include "gemm_binding.h"
+#include "kernel_dtype.h"
 #include "launch_check.h"
 
 namespace cutlass_nn {
 namespace cuda {
 namespace {
 
-kernels::DType elementwise_dtype(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::kHalf: return kernels::DType::kFloat16;
-    case c10::kBFloat16: return kernels::DType::kBFloat16;
-    case c10::kFloat: return kernels::DType::kFloat32;
-    default: return kernels::DType::kFloat64;  // the checks admit only the four float dtypes
-  }
-}
 
 // The outputs are allocated in their final [*, features] shape and the 2-D GEMM writes through a
 // view of them, so the returned tensor is not itself a view (in-place ops on it must work).
@@ -136,7 +129,7 @@ at::Tensor bias_grad_cuda(const at::Tensor& grad_output) {
   if (!is_row_major_output(dy)) dy = dy.contiguous();
   const int64_t rows = dy.size(0), cols = dy.size(1);
   at::Tensor out = empty_output({cols}, grad_output.options());
-  const kernels::DType dtype = elementwise_dtype(dy.scalar_type());
+  const kernels::DType dtype = kernel_dtype(dy.scalar_type());
   const int64_t ld = rows > 1 ? dy.stride(0) : cols;
   check_launch("bias_grad",
                kernels::launch_column_sum(
@@ -179,7 +172,7 @@ at::Tensor add2_cuda(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor bc = b.contiguous();
   at::Tensor out = empty_output(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
   check_launch("add2",
-               kernels::launch_add2(elementwise_dtype(a.scalar_type()), ac.data_ptr(),
+               kernels::launch_add2(kernel_dtype(a.scalar_type()), ac.data_ptr(),
                                     bc.data_ptr(), out.data_ptr(), a.numel(),
                                     device_info(a.get_device()).multiprocessors,
                                     c10::cuda::getCurrentCUDAStream(a.get_device()).stream()),

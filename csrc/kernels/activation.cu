@@ -18,24 +18,13 @@
 #include <cstdint>
 
 #include "dtype_pack.cuh"  // AccType, to_acc / from_acc, Pack16
+#include "launch_helpers.h"  // resolve_multiprocessors, aligned16
 
 namespace cutlass_nn {
 namespace kernels {
 namespace {
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-int resolve_multiprocessors(int multiprocessors) {
-  if (multiprocessors > 0) return multiprocessors;
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
-      count > 0) {
-    return count;
-  }
-  (void)cudaGetLastError();  // do not leave a sticky-looking error for the launch check
-  return 132;                // H100 SXM
-}
 
 template <typename T, Activation A> __device__ __forceinline__ T forward_one(T z) {
   return from_acc<T>(activation_forward(A, to_acc(z)));

@@ -15,23 +15,11 @@
 #include <cstdint>
 
 #include "dtype_pack.cuh"  // AccType, to_acc / from_acc, Pack16
+#include "launch_helpers.h"  // resolve_multiprocessors, aligned16
 
 namespace cutlass_nn {
 namespace kernels {
 namespace {
-
-// Multiprocessor count fallback when the caller passed <= 0.
-int resolve_multiprocessors(int multiprocessors) {
-  if (multiprocessors > 0) return multiprocessors;
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
-      count > 0) {
-    return count;
-  }
-  (void)cudaGetLastError();  // do not leave a sticky-looking error for the launch check
-  return 132;                // H100 SXM
-}
 
 // ---------------------------------------------------------------------------------------------
 // add2
@@ -89,7 +77,6 @@ __global__ void __launch_bounds__(kAddThreads)
   for (int64_t i = tid; i < numel; i += stride) out[i] = add_one(a[i], b[i]);
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <typename T>
 cudaError_t add2_impl(const void* a, const void* b, void* out, int64_t numel,

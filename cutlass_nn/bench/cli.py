@@ -537,13 +537,13 @@ NO_CUDA_MESSAGE = (
 
 
 def _delegated_what(argv: Sequence[str]) -> str | None:
-    """ "models" or "host" when ``--what`` names one of the benchmarks with their own options
-    (cutlass_nn/bench/models.py, cutlass_nn/bench/host.py), else None."""
+    """ "models", "host" or "fused" when ``--what`` names one of the benchmarks with their own
+    options (cutlass_nn/bench/models.py, host.py, fused.py), else None."""
     for i, arg in enumerate(argv):
         value = argv[i + 1] if arg == "--what" and i + 1 < len(argv) else None
         if arg.startswith("--what="):
             value = arg.split("=", 1)[1]
-        if value in ("models", "host"):
+        if value in ("models", "host", "fused"):
             return value
     return None
 
@@ -559,6 +559,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cutlass_nn.bench import host
 
         return host.main(argv)
+    if delegated == "fused":
+        from cutlass_nn.bench import fused
+
+        return fused.main(argv)
     args = parse_args(argv)
     if args.plot:
         return replot(args.plot)

@@ -119,6 +119,37 @@ inline at::Tensor add2(const at::Tensor& a, const at::Tensor& b) {
   return op.call(a, b);
 }
 
+// RMSNorm over the last dim: (out, rstd), out = input * rstd * weight, rstd = 1 / sqrt(mean(
+// input^2) + eps) in float32 (float64 for float64 input); weight [features] of input's dtype, or
+// float32 beside 16-bit input.
+inline std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& input,
+                                                   const at::Tensor& weight, double eps) {
+  static const auto op = detail::find_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, double)>("cutlass_nn::rms_norm");
+  return op.call(input, weight, eps);
+}
+
+// RMSNorm of h = input + residual: (out, h, rstd); h is the new residual stream.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& input,
+                                                                   const at::Tensor& residual,
+                                                                   const at::Tensor& weight,
+                                                                   double eps) {
+  static const auto op = detail::find_op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>(
+      "cutlass_nn::add_rms_norm");
+  return op.call(input, residual, weight, eps);
+}
+
+// The backward of rms_norm / add_rms_norm: (grad_h, grad_weight or an empty [0] tensor).
+inline std::tuple<at::Tensor, at::Tensor> rms_norm_backward(
+    const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_h, const at::Tensor& h,
+    const at::Tensor& weight, const at::Tensor& rstd, bool weight_grad) {
+  static const auto op = detail::find_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
+      const at::Tensor&, bool)>("cutlass_nn::rms_norm_backward");
+  return op.call(grad_output, grad_h, h, weight, rstd, weight_grad);
+}
+
 // What the loaded library was built with, as "key=value" lines (flavor=cpu|cuda, cuda_archs=,
 // cutlass_version=, torch_version=).
 inline std::string build_info() {

@@ -1,0 +1,234 @@
+"""``python -m cutlass_nn.bench --what fused``: the fused transformer operators against what a
+user runs without them.
+
+Usage::
+
+    python -m cutlass_nn.bench --what fused [--tokens 4096,16384] [--hidden 4096]
+        [--dtype bfloat16] [--reps 50] [--out DIR]
+
+Cases (each on random data, checked against a float64 reference before it is timed):
+
+* ``rms_norm`` forward, and forward + backward: cutlass_nn's kernel against the Llama RMSNorm of
+  ``transformers`` written out in torch ops (what a converted model ran before), against
+  ``torch.nn.functional.rms_norm`` and against that compiled with ``torch.compile``.
+* ``add_rms_norm`` (the residual add + RMSNorm) forward and forward + backward against
+  ``x + residual`` followed by each of the above.
+
+Reported per case: the median milliseconds of ``--reps`` CUDA-event-timed repetitions (after
+warm-up, the sides interleaved), the ratio baseline / ours (> 1: ours is faster) and, for the
+forward kernels, the achieved bandwidth as a fraction of the device-copy ceiling measured in the
+same process (``dst.copy_(src)`` of the same number of bytes; the issue's target is >= 0.85).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+import cutlass_nn
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+#: achieved forward bandwidth / device-copy bandwidth at least this (the issue's target)
+TARGET_BANDWIDTH_FRACTION = 0.85
+
+
+def time_ms(fns: dict[str, Callable[[], Any]], reps: int, warmup: int = 5) -> dict[str, float]:
+    """Median CUDA-event milliseconds of each function, the functions interleaved."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    return {name: statistics.median(ms) for name, ms in times.items()}
+
+
+def copy_ceiling_gbs(nbytes: int, reps: int) -> float:
+    """Device-copy bandwidth (read + write bytes per second, GB/s) for a buffer of ``nbytes``."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = time_ms({"copy": lambda: dst.copy_(src)}, reps)["copy"]
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The Llama RMSNorm forward of ``transformers``, as torch ops."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def reference_rms_norm(x, residual, weight, eps):
+    """float64 (out, h) for the correctness check."""
+    h = x if residual is None else (x + residual)  # rounded in x's dtype, as the kernels do
+    hd = h.double()
+    out = hd * torch.rsqrt(hd.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+    return out, h
+
+
+def check_close(name: str, got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max abs error relative to the reference's max magnitude; raises past 2 rounding steps."""
+    err = (got.double() - ref.double()).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+    bound = 2 * torch.finfo(got.dtype).eps
+    if not err <= bound:
+        raise AssertionError(f"{name}: relative error {err:.3g} > {bound:.3g}")
+    return err
+
+
+def norm_cases(tokens: int, hidden: int, dtype: torch.dtype, reps: int, eps: float = 1e-6) -> list[dict]:
+    gen = torch.Generator(device="cuda").manual_seed(tokens * 7 + hidden)
+    opts = dict(device="cuda", dtype=dtype)
+    x = torch.randn(tokens, hidden, generator=gen, **opts)
+    res = torch.randn(tokens, hidden, generator=gen, **opts)
+    w = (1 + 0.1 * torch.randn(hidden, generator=gen, **opts))
+    g = torch.randn(tokens, hidden, generator=gen, **opts)
+    es = x.element_size()
+    rows = []
+    compiled = torch.compile(lambda a, b: torch.nn.functional.rms_norm(a, (hidden,), b, eps))
+
+    # correctness first
+    out = cutlass_nn.rms_norm(x, w, eps)
+    err = check_close("rms_norm", out, reference_rms_norm(x, None, w, eps)[0])
+    out2, h2 = cutlass_nn.add_rms_norm(x, res, w, eps)
+    ref2, href = reference_rms_norm(x, res, w, eps)
+    err2 = max(check_close("add_rms_norm", out2, ref2), check_close("add_rms_norm h", h2, href))
+
+    for case, residual, nbytes, e in (
+        ("rms_norm", None, 2 * tokens * hidden * es, err),
+        ("add_rms_norm", res, 4 * tokens * hidden * es, err2),
+    ):
+        ceiling = copy_ceiling_gbs(nbytes // 2, reps)
+
+        def ours_fwd(residual=residual):
+            if residual is None:
+                return cutlass_nn.rms_norm(x, w, eps)
+            return cutlass_nn.add_rms_norm(x, residual, w, eps)
+
+        def base(fn, residual=residual):
+            if residual is None:
+                return lambda: fn(x, w)
+            return lambda: fn(x + residual, w)
+
+        fwd = {
+            "ours": ours_fwd,
+            "llama_eager": base(lambda a, b: llama_rms_norm(a, b, eps)),
+            "torch_rms_norm": base(lambda a, b: torch.nn.functional.rms_norm(a, (hidden,), b, eps)),
+            "torch_compile": base(compiled),
+        }
+        ms = time_ms(fwd, reps)
+        gbs = nbytes / (ms["ours"] * 1e-3) / 1e9
+        rows.append({
+            "case": f"{case} fwd", "tokens": tokens, "hidden": hidden, "dtype": str(dtype),
+            "ms": ms, "speedup": {k: v / ms["ours"] for k, v in ms.items() if k != "ours"},
+            "bytes": nbytes, "gbs": gbs, "copy_gbs": ceiling, "bandwidth_fraction": gbs / ceiling,
+            "pass": gbs / ceiling >= TARGET_BANDWIDTH_FRACTION, "max_rel_err": e,
+        })
+
+        xg = x.clone().requires_grad_(True)
+        rg = None if residual is None else residual.clone().requires_grad_(True)
+        wg = w.clone().requires_grad_(True)
+
+        def step(fn):
+            def call():
+                xg.grad = wg.grad = None
+                if rg is not None:
+                    rg.grad = None
+                y = fn()
+                y.backward(g)
+            return call
+
+        def ours_y():
+            if rg is None:
+                return cutlass_nn.rms_norm(xg, wg, eps)
+            return cutlass_nn.add_rms_norm(xg, rg, wg, eps)[0]
+
+        def base_y(fn):
+            return (lambda: fn(xg, wg)) if rg is None else (lambda: fn(xg + rg, wg))
+
+        bwd = {
+            "ours": step(ours_y),
+            "llama_eager": step(base_y(lambda a, b: llama_rms_norm(a, b, eps))),
+            "torch_rms_norm": step(base_y(lambda a, b: torch.nn.functional.rms_norm(a, (hidden,), b, eps))),
+            "torch_compile": step(base_y(compiled)),
+        }
+        ms = time_ms(bwd, reps)
+        rows.append({
+            "case": f"{case} fwd+bwd", "tokens": tokens, "hidden": hidden, "dtype": str(dtype),
+            "ms": ms, "speedup": {k: v / ms["ours"] for k, v in ms.items() if k != "ours"},
+        })
+    return rows
+
+
+def format_rows(rows: Sequence[dict]) -> list[str]:
+    lines = [
+        "| case | tokens x hidden | ours ms | vs llama eager | vs F.rms_norm | vs compile | "
+        "GB/s (of copy) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        sp = r["speedup"]
+        bw = (f"{r['gbs']:.0f} ({r['bandwidth_fraction']:.2f} "
+              f"{'PASS' if r['pass'] else 'MISS'})") if "gbs" in r else ""
+        lines.append(
+            f"| {r['case']} | {r['tokens']}x{r['hidden']} | {r['ms']['ours']:.4f} | "
+            f"{sp['llama_eager']:.2f}x | {sp['torch_rms_norm']:.2f}x | {sp['torch_compile']:.2f}x | "
+            f"{bw} |"
+        )
+    return lines
+
+
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in text.split(",") if t]
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m cutlass_nn.bench --what fused",
+        description="Fused transformer operators (RMSNorm, add + RMSNorm) against torch.",
+    )
+    p.add_argument("--what", choices=["fused"], default="fused")
+    p.add_argument("--tokens", type=_ints, default=[4096, 16384])
+    p.add_argument("--hidden", type=_ints, default=[1024, 4096, 8192])
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
+    from cutlass_nn.bench import cli as bench
+
+    if not torch.cuda.is_available():
+        print(bench.NO_CUDA_MESSAGE, file=sys.stderr)
+        return 2
+    meta = bench.collect_meta(argv)
+    meta["command"] = "python -m cutlass_nn.bench " + " ".join(argv)
+    rows: list[dict] = []
+    for hidden in args.hidden:
+        for tokens in args.tokens:
+            rows += norm_cases(tokens, hidden, _DTYPES[args.dtype], args.reps)
+            for line in format_rows(rows[-4:]):
+                print(line, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"fused_{bench._slug(meta)}_{bench._stamp()}.json"
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    path.write_text(json.dumps({"mode": "fused", "meta": meta, "settings": settings, "rows": rows},
+                               indent=1, default=str) + "\n")
+    print()
+    for line in format_rows(rows):
+        print(line)
+    print(f"json {path}", flush=True)
+    return 0
