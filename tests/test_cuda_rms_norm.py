@@ -42,9 +42,11 @@ def reference(x, w, eps, residual=None, grad_out=None, grad_h=None):
     return out.detach(), h, dh, dw
 
 
-def rel_err(got, ref):
-    scale = ref.double().abs().max().clamp_min(1e-30)
-    return ((got.double() - ref.double()).abs().max() / scale).item()
+def rel_err(got, ref, floor=0.0):
+    """max |got - ref| over max(max |ref|, floor): ``floor`` is the size of the terms a result
+    is formed from, for results that cancel to ~0 (the input gradient of a 1-wide row)."""
+    scale = max(ref.double().abs().max().item(), floor, 1e-30)
+    return (got.double() - ref.double()).abs().max().item() / scale
 
 
 def rand(shape, dtype, gen, scale=1.0):
@@ -71,7 +73,8 @@ def test_forward_and_backward_match_float64(dtype, shape, residual, gen):
     assert rel_err(out, ref_out) <= BOUND[dtype]
     dh, dw = ops.rms_norm_backward(g, gh, h, w, rstd, True)
     assert dh.dtype == dtype and dw.dtype == dtype
-    assert rel_err(dh, ref_dh) <= 2 * BOUND[dtype]
+    terms = (g.double() * w.double() * rstd.double().unsqueeze(-1)).abs().max().item()
+    assert rel_err(dh, ref_dh, terms) <= 2 * BOUND[dtype]
     assert rel_err(dw, ref_dw) <= 2 * BOUND[dtype]
 
 

@@ -303,6 +303,7 @@ def run_row(
     dtype=torch.bfloat16,
     sizes: dict[str, ModelSize] = MODEL_SIZES,
     autotune: bool = False,
+    fuse_norm: bool = False,
 ) -> dict[str, Any]:
     """Stock, then converted, on the same initial weights and batches; never raises (an
     exception is recorded as status "error")."""
@@ -328,7 +329,7 @@ def run_row(
                 if side != "cutlass_nn":
                     return model
                 example = batches[0] if autotune else None
-                return cutlass_nn.convert(model, example_inputs=example)
+                return cutlass_nn.convert(model, example_inputs=example, fuse_norm=fuse_norm)
 
             return build
 
@@ -503,6 +504,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--autotune", action="store_true",
                    help="convert with example_inputs (the first batch): cutlass_nn.autotune "
                    "tunes the converted model's GEMM problems before its timed steps")
+    p.add_argument("--fuse-norm", action="store_true",
+                   help="convert with fuse_norm=True: the RMSNorms of the Llama rows run on "
+                   "cutlass_nn's RMSNorm kernels too")
     p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge earlier model-benchmark JSONs into one JSON + PNG (no GPU)")
     return p.parse_args(argv)
@@ -553,6 +557,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     meta["loss_rtol"] = LOSS_RTOL
     meta["autotune"] = bool(args.autotune)
+    meta["fuse_norm"] = bool(args.fuse_norm)
     specs = plan(args.families, args.sizes, args.modes)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"models_{bench._slug(meta)}_{bench._stamp()}"
@@ -567,7 +572,7 @@ def main(argv: Sequence[str]) -> int:
                    "label": spec.label, "status": "skipped", "note": "time limit"}
         else:
             row = run_row(spec, steps=args.steps, block=args.block, warmup=args.warmup,
-                          autotune=args.autotune)
+                          autotune=args.autotune, fuse_norm=args.fuse_norm)
         results["rows"].append(row)
         _write(json_path, results)
         if row["status"] == "ok":
