@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace cutlass_nn {
 
@@ -117,6 +119,76 @@ kernels::Activation parse_activation(const char* op, c10::string_view activation
               ": argument 'activation' must be one of \"none\", \"relu\", \"gelu\", "
               "\"gelu_tanh\", got \"",
               given, "\"");
+}
+
+kernels::Activation parse_gated_activation(const char* op, c10::string_view activation) {
+  if (activation == "silu") return kernels::Activation::kSilu;
+  if (activation == "gelu") return kernels::Activation::kGelu;
+  if (activation == "gelu_tanh") return kernels::Activation::kGeluTanh;
+  const std::string given(activation.data(), activation.size());
+  TORCH_CHECK(false, "cutlass_nn.", op,
+              ": argument 'activation' must be one of \"silu\", \"gelu\", \"gelu_tanh\", got \"",
+              given, "\"");
+}
+
+void check_gate_up_arg(const char* op, const at::Tensor& gate_up) {
+  check_float_dtype(op, "gate_up", gate_up);
+  check_min_dim(op, "gate_up", gate_up, 1, "[*, 2n]");
+  TORCH_CHECK(gate_up.size(-1) % 2 == 0, "cutlass_nn.", op,
+              ": argument 'gate_up' must have an even last dimension [*, 2n] (gate, then up), "
+              "got shape ",
+              shape_string(gate_up.sizes()));
+}
+
+void check_gated_act_backward_args(const at::Tensor& grad_output, const at::Tensor& gate_up) {
+  const char* op = "gated_act_backward";
+  check_gate_up_arg(op, gate_up);
+  check_same_dtype(op, "grad_output", grad_output, "gate_up", gate_up);
+  check_same_device(op, "grad_output", grad_output, "gate_up", gate_up);
+  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
+  shape.back() /= 2;
+  TORCH_CHECK(grad_output.sizes() == at::IntArrayRef(shape), "cutlass_nn.", op,
+              ": argument 'grad_output' must have shape ", shape_string(shape),
+              " (that of 'gate_up' with the last dimension halved), got ",
+              shape_string(grad_output.sizes()));
+}
+
+void check_gated_mlp_args(const at::Tensor& input, const at::Tensor& gate_weight,
+                          const at::Tensor& up_weight, const at::Tensor& down_weight,
+                          const std::optional<at::Tensor>& gate_bias,
+                          const std::optional<at::Tensor>& up_bias,
+                          const std::optional<at::Tensor>& down_bias) {
+  const char* op = "gated_mlp";
+  check_float_dtype(op, "input", input);
+  check_min_dim(op, "input", input, 1, "[*, in]");
+  for (const auto& [name, w] : {std::pair<const char*, const at::Tensor*>{"gate_weight", &gate_weight},
+                                {"up_weight", &up_weight},
+                                {"down_weight", &down_weight}}) {
+    check_same_dtype(op, name, *w, "input", input);
+    check_same_device(op, name, *w, "input", input);
+  }
+  check_dim(op, "gate_weight", gate_weight, 2, "[n, in]");
+  check_size(op, "gate_weight", gate_weight, 1, input.size(-1), "in = input.shape[-1]");
+  check_same_shape(op, "up_weight", up_weight, "gate_weight", gate_weight);
+  check_dim(op, "down_weight", down_weight, 2, "[out, n]");
+  check_size(op, "down_weight", down_weight, 1, gate_weight.size(0), "n = gate_weight.shape[0]");
+  const bool has_gate_bias = gate_bias.has_value() && gate_bias->defined();
+  const bool has_up_bias = up_bias.has_value() && up_bias->defined();
+  TORCH_CHECK(has_gate_bias == has_up_bias, "cutlass_nn.", op,
+              ": arguments 'gate_bias' and 'up_bias' must be given both or neither, got "
+              "gate_bias=",
+              has_gate_bias ? "a tensor" : "None", ", up_bias=", has_up_bias ? "a tensor" : "None");
+  const auto check_bias = [&](const char* name, const std::optional<at::Tensor>& bias,
+                              int64_t size, const char* what) {
+    if (!bias.has_value() || !bias->defined()) return;
+    check_same_dtype(op, name, *bias, "input", input);
+    check_same_device(op, name, *bias, "input", input);
+    check_dim(op, name, *bias, 1, what);
+    check_size(op, name, *bias, 0, size, what);
+  };
+  check_bias("gate_bias", gate_bias, gate_weight.size(0), "[n]");
+  check_bias("up_bias", up_bias, gate_weight.size(0), "[n]");
+  check_bias("down_bias", down_bias, down_weight.size(0), "[out]");
 }
 
 void check_activation_grad_args(const at::Tensor& grad_output, const at::Tensor& preact) {

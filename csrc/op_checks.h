@@ -26,6 +26,24 @@ void check_linear_args(const char* op, const at::Tensor& input, const at::Tensor
 //   got "<activation>"
 kernels::Activation parse_activation(const char* op, c10::string_view activation);
 
+// The activation names of the gated operators (gated_act, gated_act_backward, gated_mlp):
+// "silu", "gelu", "gelu_tanh"; anything else fails like parse_activation.
+kernels::Activation parse_gated_activation(const char* op, c10::string_view activation);
+
+// gated_act / gated_act_backward's gate_up [*, 2n]: a floating tensor with an even last dim.
+void check_gate_up_arg(const char* op, const at::Tensor& gate_up);
+
+// gated_act_backward(grad_output [*, n], gate_up [*, 2n]): same dtype and device.
+void check_gated_act_backward_args(const at::Tensor& grad_output, const at::Tensor& gate_up);
+
+// gated_mlp(input [*, in], gate_weight [n, in], up_weight [n, in], down_weight [out, n],
+// gate_bias [n]?, up_bias [n]? (both or neither), down_bias [out]?): one dtype, one device.
+void check_gated_mlp_args(const at::Tensor& input, const at::Tensor& gate_weight,
+                          const at::Tensor& up_weight, const at::Tensor& down_weight,
+                          const std::optional<at::Tensor>& gate_bias,
+                          const std::optional<at::Tensor>& up_bias,
+                          const std::optional<at::Tensor>& down_bias);
+
 // activation_grad(grad_output [*, features], preact [*, features]): same shape, dtype, device
 void check_activation_grad_args(const at::Tensor& grad_output, const at::Tensor& preact);
 

@@ -202,6 +202,27 @@ TORCH_LIBRARY(cutlass_nn, m) {
       "Tensor rstd, bool weight_grad) -> (Tensor, Tensor)",
       tags);
 
+  // Gated activation of a gate+up projection output: gate_up [*, 2n] holds the gate in its
+  // first n columns and the up projection in its last n; out [*, n] = act(gate) * up, computed
+  // in float (double for float64) and rounded once. activation: "silu", "gelu", "gelu_tanh".
+  m.def("gated_act(Tensor gate_up, str activation) -> Tensor", tags);
+  // Its backward for output gradient grad_output [*, n]: (grad_gate_up [*, 2n], out [*, n]),
+  // out being the recomputed forward (the gated MLP's backward needs it for the down
+  // projection's weight gradient instead of keeping it from the forward).
+  m.def(
+      "gated_act_backward(Tensor grad_output, Tensor gate_up, str activation) -> "
+      "(Tensor, Tensor)",
+      tags);
+  // Gated MLP: down(act(gate(x)) * up(x)) with gate, up [n, in] and down [out, n] (biases
+  // optional; gate_bias and up_bias both or neither). The gate and up projections run as one
+  // GEMM (zero-copy when up_weight directly follows gate_weight in one storage, as
+  // cutlass_nn.GatedMLP lays them out); its autograd keeps only input and the gate+up output.
+  m.def(
+      "gated_mlp(Tensor input, Tensor gate_weight, Tensor up_weight, Tensor down_weight, "
+      "Tensor? gate_bias=None, Tensor? up_bias=None, Tensor? down_bias=None, "
+      "str activation=\"silu\") -> Tensor",
+      tags);
+
   m.def("build_info() -> str", &build_info);
   m.def("_set_force_sm80(bool enable) -> bool", &set_force_sm80);
   m.def("_last_kernel_name() -> str", &last_kernel_name);

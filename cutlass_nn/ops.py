@@ -172,6 +172,47 @@ def rms_norm_backward(
     return _ops.rms_norm_backward.default(grad_output, grad_h, h, weight, rstd, weight_grad)
 
 
+#: The activation names of the gated operators (``gated_act``, ``gated_act_backward``,
+#: ``gated_mlp``): ``F.silu``, ``F.gelu(approximate="none")``, ``F.gelu(approximate="tanh")``.
+GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+
+def gated_act(gate_up: Tensor, activation: str = "silu") -> Tensor:
+    """``act(gate) * up`` for ``gate_up = [gate | up]`` of shape ``[*, 2n]`` (gate in the first
+    ``n`` columns): ``[*, n]``, computed in float (double for float64) and rounded once.
+    ``activation`` is one of :data:`GATED_ACTIVATIONS`. Differentiable in ``gate_up``."""
+    return _ops.gated_act.default(gate_up, activation)
+
+
+def gated_act_backward(
+    grad_output: Tensor, gate_up: Tensor, activation: str = "silu"
+) -> tuple[Tensor, Tensor]:
+    """The backward of :func:`gated_act`: ``(grad_gate_up, out)`` with ``out`` the recomputed
+    forward, from one pass over ``grad_output`` and ``gate_up``. Not differentiable itself."""
+    return _ops.gated_act_backward.default(grad_output, gate_up, activation)
+
+
+def gated_mlp(
+    input: Tensor,
+    gate_weight: Tensor,
+    up_weight: Tensor,
+    down_weight: Tensor,
+    gate_bias: Tensor | None = None,
+    up_bias: Tensor | None = None,
+    down_bias: Tensor | None = None,
+    activation: str = "silu",
+) -> Tensor:
+    """The gated MLP ``down(act(gate(input)) * up(input))`` as one operator: ``gate_weight`` and
+    ``up_weight`` ``[n, in]``, ``down_weight`` ``[out, n]``; biases optional (``gate_bias`` and
+    ``up_bias`` both or neither). The gate and up projections run as one GEMM -- without a copy
+    of the weights when ``up_weight`` directly follows ``gate_weight`` in one storage (the
+    layout :class:`cutlass_nn.GatedMLP` keeps) -- and the backward keeps only ``input`` and the
+    gate+up output, recomputing the rest. Differentiable in every tensor argument."""
+    return _ops.gated_mlp.default(
+        input, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Fake implementations: output metadata for FakeTensor tracing (torch.compile, export). They
 # repeat the shape checks of csrc/op_checks.cpp so that a traced program fails like eager does.
@@ -453,6 +494,104 @@ def _rms_norm_backward_fake(grad_output, grad_h, h, weight, rstd, weight_grad):
     grad_input = torch.empty_like(h, memory_format=torch.contiguous_format)
     grad_weight = weight.new_empty((weight.shape[0],) if weight_grad else (0,))
     return grad_input, grad_weight
+
+
+def _fake_gated_activation(op: str, activation) -> None:
+    _check(
+        activation in GATED_ACTIVATIONS,
+        op,
+        "argument 'activation' must be one of "
+        + ", ".join(f'"{a}"' for a in GATED_ACTIVATIONS)
+        + f', got "{activation}"',
+    )
+
+
+def _fake_gate_up(op: str, gate_up: Tensor) -> None:
+    _fake_common(op, "gate_up", gate_up, {})
+    _check(gate_up.dim() >= 1, op, "argument 'gate_up' must have at least 1 dimension(s)")
+    _check(
+        gate_up.shape[-1] % 2 == 0,
+        op,
+        "argument 'gate_up' must have an even last dimension [*, 2n] (gate, then up), got "
+        f"shape {list(gate_up.shape)}",
+    )
+
+
+@torch.library.register_fake("cutlass_nn::gated_act")
+def _gated_act_fake(gate_up, activation):
+    _fake_gate_up("gated_act", gate_up)
+    _fake_gated_activation("gated_act", activation)
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
+@torch.library.register_fake("cutlass_nn::gated_act_backward")
+def _gated_act_backward_fake(grad_output, gate_up, activation):
+    op = "gated_act_backward"
+    _fake_gate_up(op, gate_up)
+    _fake_common(op, "gate_up", gate_up, {"grad_output": grad_output})
+    _fake_gated_activation(op, activation)
+    shape = (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+    _check(
+        tuple(grad_output.shape) == tuple(shape),
+        op,
+        f"argument 'grad_output' must have shape {list(shape)} (that of 'gate_up' with the last "
+        f"dimension halved), got {list(grad_output.shape)}",
+    )
+    return torch.empty_like(gate_up, memory_format=torch.contiguous_format), gate_up.new_empty(shape)
+
+
+def _fake_bias(op: str, name: str, bias: Tensor | None, size, ref: Tensor) -> None:
+    if bias is None:
+        return
+    _fake_common(op, "input", ref, {name: bias})
+    _check(
+        bias.dim() == 1 and bias.shape[0] == size,
+        op,
+        f"argument '{name}' must be a 1-D tensor of size {size}, got shape {list(bias.shape)}",
+    )
+
+
+@torch.library.register_fake("cutlass_nn::gated_mlp")
+def _gated_mlp_fake(
+    input, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation
+):
+    op = "gated_mlp"
+    weights = {"gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}
+    _fake_common(op, "input", input, weights)
+    _fake_gated_activation(op, activation)
+    _check(input.dim() >= 1, op, "argument 'input' must have at least 1 dimension(s) [*, in]")
+    for name, w in weights.items():
+        _check(w.dim() == 2, op, f"argument '{name}' must be 2-D, got shape {list(w.shape)}")
+    n, k = gate_weight.shape
+    _check(
+        gate_weight.shape[1] == input.shape[-1],
+        op,
+        f"argument 'gate_weight' must have shape [n, {input.shape[-1]}] (in = the last dimension "
+        f"of 'input'), got {list(gate_weight.shape)}",
+    )
+    _check(
+        tuple(up_weight.shape) == tuple(gate_weight.shape),
+        op,
+        f"argument 'up_weight' must have the shape of 'gate_weight' {list(gate_weight.shape)}, "
+        f"got {list(up_weight.shape)}",
+    )
+    _check(
+        down_weight.shape[1] == n,
+        op,
+        f"argument 'down_weight' must have shape [out, {n}] (n = the rows of 'gate_weight'), got "
+        f"{list(down_weight.shape)}",
+    )
+    _check(
+        (gate_bias is None) == (up_bias is None),
+        op,
+        "arguments 'gate_bias' and 'up_bias' must be given both or neither, got "
+        f"gate_bias={'a tensor' if gate_bias is not None else 'None'}, "
+        f"up_bias={'a tensor' if up_bias is not None else 'None'}",
+    )
+    _fake_bias(op, "gate_bias", gate_bias, n, input)
+    _fake_bias(op, "up_bias", up_bias, n, input)
+    _fake_bias(op, "down_bias", down_bias, down_weight.shape[0], input)
+    return input.new_empty((*input.shape[:-1], down_weight.shape[0]))
 
 
 # ---------------------------------------------------------------------------------------------

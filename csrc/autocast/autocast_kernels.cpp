@@ -1,6 +1,6 @@
 // Autocast (torch.autocast / AMP) of the cutlass_nn matrix operators, in C++.
 //
-// linear, linear_act, linear_act_aux and mm follow the policy torch applies to nn.Linear and
+// linear, linear_act, linear_act_aux, mm and gated_mlp follow the policy torch applies to nn.Linear and
 // torch.mm: under autocast, floating inputs other than float64 are cast to the autocast dtype
 // (bfloat16 or float16 by the context) and the operator runs in it. The casts are ordinary
 // differentiable ops recorded before the operator's own autograd node, so gradients reach float32
@@ -66,6 +66,19 @@ at::Tensor mm_autocast(const at::Tensor& a, const at::Tensor& b) {
   return cutlass_nn::mm(scope.cast(a), scope.cast(b));
 }
 
+template <c10::DeviceType Device>
+at::Tensor gated_mlp_autocast(const at::Tensor& input, const at::Tensor& gate_weight,
+                              const at::Tensor& up_weight, const at::Tensor& down_weight,
+                              const std::optional<at::Tensor>& gate_bias,
+                              const std::optional<at::Tensor>& up_bias,
+                              const std::optional<at::Tensor>& down_bias,
+                              c10::string_view activation) {
+  AutocastScope<Device> scope;
+  return cutlass_nn::gated_mlp(scope.cast(input), scope.cast(gate_weight), scope.cast(up_weight),
+                               scope.cast(down_weight), scope.cast(gate_bias),
+                               scope.cast(up_bias), scope.cast(down_bias), activation);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_nn, AutocastCUDA, m) {
@@ -73,6 +86,7 @@ TORCH_LIBRARY_IMPL(cutlass_nn, AutocastCUDA, m) {
   m.impl("linear_act", &linear_act_autocast<c10::DeviceType::CUDA>);
   m.impl("linear_act_aux", &linear_act_aux_autocast<c10::DeviceType::CUDA>);
   m.impl("mm", &mm_autocast<c10::DeviceType::CUDA>);
+  m.impl("gated_mlp", &gated_mlp_autocast<c10::DeviceType::CUDA>);
 }
 
 TORCH_LIBRARY_IMPL(cutlass_nn, AutocastCPU, m) {
@@ -80,6 +94,7 @@ TORCH_LIBRARY_IMPL(cutlass_nn, AutocastCPU, m) {
   m.impl("linear_act", &linear_act_autocast<c10::DeviceType::CPU>);
   m.impl("linear_act_aux", &linear_act_aux_autocast<c10::DeviceType::CPU>);
   m.impl("mm", &mm_autocast<c10::DeviceType::CPU>);
+  m.impl("gated_mlp", &gated_mlp_autocast<c10::DeviceType::CPU>);
 }
 
 }  // namespace cutlass_nn

@@ -25,6 +25,16 @@
 //                             (rstd is not differentiable; under create_graph the backward is
 //                             the differentiable ATen formulation of csrc/rms_norm_aten.h,
 //                             with rstd recomputed from H, so second-order gradients are exact)
+//   gated_act(GU)             dGU = gated_act_backward(dY, GU)[0] (create_graph: the ATen form
+//                             of csrc/gated_act_aten.h)
+//   gated_mlp(X, Wg, Wu, Wd, bg, bu, bd)
+//                             with GU = linear(X, [Wg; Wu], [bg; bu]) kept from the forward (the
+//                             only activation kept besides X): dH = linear_dgrad(dY, Wd);
+//                             (dGU, H) = gated_act_backward(dH, GU) recomputes H; dWd =
+//                             linear_wgrad(dY, H), dbd = bias_grad(dY); dX = linear_dgrad(dGU,
+//                             [Wg; Wu]); [dWg; dWu] = linear_wgrad(dGU, X) and [dbg; dbu] =
+//                             bias_grad(dGU), split by rows. Under create_graph GU is recomputed
+//                             with the differentiable linear and the ATen gated backward.
 //
 // The operators without an autograd formula (linear_wgrad_accumulate_, mm.out,
 // rms_norm_backward) keep torch's default for custom operators.
@@ -39,7 +49,10 @@
 #include <string>
 #include <tuple>
 
+#include "../gated_act_aten.h"
+#include "../gated_mlp.h"
 #include "../include/cutlass_nn/ops.h"
+#include "../op_checks.h"
 #include "../rms_norm_aten.h"
 
 namespace cutlass_nn {
@@ -389,6 +402,109 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
   }
 };
 
+class GatedActFunction : public torch::autograd::Function<GatedActFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& gate_up,
+                               c10::string_view activation) {
+    ctx->saved_data["activation"] = std::string(activation);
+    ctx->save_for_backward({gate_up});
+    at::AutoDispatchBelowADInplaceOrView below;
+    return {cutlass_nn::gated_act(gate_up, activation)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    const auto saved = ctx->get_saved_variables();
+    const std::string& activation = ctx->saved_data["activation"].toStringRef();
+    if (at::GradMode::is_enabled()) {
+      return {std::get<0>(gated_act_backward_aten(
+                  grads_out[0], saved[0], parse_gated_activation("gated_act", activation))),
+              at::Tensor()};
+    }
+    return {std::get<0>(cutlass_nn::gated_act_backward(grads_out[0], saved[0], activation)),
+            at::Tensor()};
+  }
+};
+
+class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
+ public:
+  // Inputs 0..6: input, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& gate_weight, const at::Tensor& up_weight,
+                               const at::Tensor& down_weight,
+                               const std::optional<at::Tensor>& gate_bias,
+                               const std::optional<at::Tensor>& up_bias,
+                               const std::optional<at::Tensor>& down_bias,
+                               c10::string_view activation) {
+    ctx->saved_data["activation"] = std::string(activation);
+    at::Tensor out, gate_up;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(out, gate_up) = gated_mlp_forward(input, gate_weight, up_weight, down_weight,
+                                                 gate_bias, up_bias, down_bias, activation);
+    }
+    const auto or_undefined = [](const std::optional<at::Tensor>& t) {
+      return has_tensor(t) ? *t : at::Tensor();
+    };
+    // The weights, not their [gate; up] concatenation: that is rebuilt in the backward (a view,
+    // or a short-lived copy) rather than kept alive between forward and backward.
+    ctx->save_for_backward({input, gate_weight, up_weight, down_weight, or_undefined(gate_bias),
+                            or_undefined(up_bias), or_undefined(down_bias), gate_up});
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& down_weight = saved[3];
+    const bool has_gate_up_bias = saved[4].defined();
+    const bool has_down_bias = saved[6].defined();
+    const std::string& activation = ctx->saved_data["activation"].toStringRef();
+    const at::Tensor& grad_out = grads_out[0];
+    variable_list grads(8);
+    const auto need = [&](int i) { return ctx->needs_input_grad(i); };
+    const bool need_gate_up_side = need(0) || need(1) || need(2) || need(4) || need(5);
+    if (!need_gate_up_side && !need(3) && !need(6)) return grads;
+
+    // create_graph: rebuild everything the gradients depend on with differentiable operators
+    // (the saved gate_up has no history), so that second-order gradients are exact.
+    const bool create_graph = at::GradMode::is_enabled();
+    const at::Tensor weight = create_graph ? at::cat({saved[1], saved[2]}, 0)
+                                           : gate_up_weight(saved[1], saved[2]);
+    const std::optional<at::Tensor> bias =
+        has_gate_up_bias ? std::optional<at::Tensor>(at::cat({saved[4], saved[5]}, 0))
+                         : std::nullopt;
+    const at::Tensor gate_up = create_graph ? cutlass_nn::linear(input, weight, bias) : saved[7];
+
+    at::Tensor grad_gate_up, hidden;
+    if (need_gate_up_side) {
+      const at::Tensor grad_hidden = cutlass_nn::linear_dgrad(grad_out, down_weight);
+      std::tie(grad_gate_up, hidden) =
+          create_graph ? gated_act_backward_aten(grad_hidden, gate_up,
+                                                 parse_gated_activation("gated_mlp", activation))
+                       : cutlass_nn::gated_act_backward(grad_hidden, gate_up, activation);
+    } else {
+      hidden = cutlass_nn::gated_act(gate_up, activation);
+    }
+    if (need(3)) grads[3] = cutlass_nn::linear_wgrad(grad_out, hidden);
+    if (has_down_bias && need(6)) grads[6] = cutlass_nn::bias_grad(grad_out);
+    if (!need_gate_up_side) return grads;
+
+    const int64_t n = saved[1].size(0);
+    if (need(0)) grads[0] = cutlass_nn::linear_dgrad(grad_gate_up, weight);
+    if (need(1) || need(2)) {
+      const at::Tensor grad_weight = cutlass_nn::linear_wgrad(grad_gate_up, input);
+      if (need(1)) grads[1] = grad_weight.narrow(0, 0, n);
+      if (need(2)) grads[2] = grad_weight.narrow(0, n, n);
+    }
+    if (has_gate_up_bias && (need(4) || need(5))) {
+      const at::Tensor grad_bias = cutlass_nn::bias_grad(grad_gate_up);
+      if (need(4)) grads[4] = grad_bias.narrow(0, 0, n);
+      if (need(5)) grads[5] = grad_bias.narrow(0, n, n);
+    }
+    return grads;
+  }
+};
+
 // ---- the Autograd-key kernels: record a node only when one is needed -----------------------
 //
 // A call that records no node is redispatched straight to the keys below autograd with the key
@@ -523,6 +639,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_autograd(c10::Dispat
   return {out[0], out[1], out[2]};
 }
 
+at::Tensor gated_act_autograd(c10::DispatchKeySet ks, const at::Tensor& gate_up,
+                              c10::string_view activation) {
+  if (!records_node(gate_up)) {
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "gated_act",
+                                         at::Tensor(const at::Tensor&, c10::string_view),
+                                         gate_up, activation);
+  }
+  return GatedActFunction::apply(gate_up, activation)[0];
+}
+
+using GatedMlpSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                               const at::Tensor&, const std::optional<at::Tensor>&,
+                               const std::optional<at::Tensor>&,
+                               const std::optional<at::Tensor>&, c10::string_view);
+
+at::Tensor gated_mlp_autograd(c10::DispatchKeySet ks, const at::Tensor& input,
+                              const at::Tensor& gate_weight, const at::Tensor& up_weight,
+                              const at::Tensor& down_weight,
+                              const std::optional<at::Tensor>& gate_bias,
+                              const std::optional<at::Tensor>& up_bias,
+                              const std::optional<at::Tensor>& down_bias,
+                              c10::string_view activation) {
+  if (!records_node(input, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias)) {
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "gated_mlp", GatedMlpSig, input, gate_weight,
+                                         up_weight, down_weight, gate_bias, up_bias, down_bias,
+                                         activation);
+  }
+  // Checked before the node is built, so that bad input fails with the operator's message and
+  // nothing of the autograd graph is left half-made.
+  check_gated_mlp_args(input, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias);
+  parse_gated_activation("gated_mlp", activation);
+  return GatedMlpFunction::apply(input, gate_weight, up_weight, down_weight, gate_bias, up_bias,
+                                 down_bias, activation)[0];
+}
+
 #undef CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD
 
 }  // namespace
@@ -539,6 +690,8 @@ TORCH_LIBRARY_IMPL(cutlass_nn, Autograd, m) {
   m.impl("activation_grad", &activation_grad_autograd);
   m.impl("rms_norm", &rms_norm_autograd);
   m.impl("add_rms_norm", &add_rms_norm_autograd);
+  m.impl("gated_act", &gated_act_autograd);
+  m.impl("gated_mlp", &gated_mlp_autograd);
 }
 
 }  // namespace cutlass_nn

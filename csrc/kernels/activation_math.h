@@ -24,6 +24,7 @@ enum class Activation : int {
   kReLU = 1,      // "relu"
   kGelu = 2,      // "gelu": x * Phi(x), exact (erf) form
   kGeluTanh = 3,  // "gelu_tanh": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  kSilu = 4,      // "silu": x * sigmoid(x) (the gated operators only; not a GEMM epilogue)
 };
 
 namespace activation_constants {
@@ -46,6 +47,9 @@ CUTLASS_NN_HOST_DEVICE float activation_forward(Activation act, float z) {
       const float inner = kSqrt2OverPi * (z + kGeluTanhKappa * z * z * z);
       return 0.5f * z * (1.0f + tanhf(inner));
     }
+    case Activation::kSilu:
+      // z / (1 + e^-z): for z -> -inf the quotient goes to -0, not NaN (e^-z = inf, z / inf).
+      return z / (1.0f + expf(-z));
     case Activation::kIdentity:
     default:
       return z;
@@ -71,6 +75,11 @@ CUTLASS_NN_HOST_DEVICE float activation_derivative(Activation act, float z) {
       const float dinner = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhKappa * z2);
       return 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * dinner;
     }
+    case Activation::kSilu: {
+      // s (1 + z (1 - s)) with s = sigmoid(z)
+      const float s = 1.0f / (1.0f + expf(-z));
+      return s * (1.0f + z * (1.0f - s));
+    }
     case Activation::kIdentity:
     default:
       return 1.0f;
@@ -88,6 +97,8 @@ CUTLASS_NN_HOST_DEVICE double activation_forward(Activation act, double z) {
       const double inner = 0.79788456080286535588 * (z + 0.044715 * z * z * z);
       return 0.5 * z * (1.0 + tanh(inner));
     }
+    case Activation::kSilu:
+      return z / (1.0 + exp(-z));
     case Activation::kIdentity:
     default:
       return z;
@@ -109,10 +120,25 @@ CUTLASS_NN_HOST_DEVICE double activation_derivative(Activation act, double z) {
       const double dinner = 0.79788456080286535588 * (1.0 + 3.0 * 0.044715 * z2);
       return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * dinner;
     }
+    case Activation::kSilu: {
+      const double s = 1.0 / (1.0 + exp(-z));
+      return s * (1.0 + z * (1.0 - s));
+    }
     case Activation::kIdentity:
     default:
       return 1.0;
   }
+}
+
+// (act(g) * u, d/dg, d/du) pieces of the gated activation out = act(g) * u: given the output
+// gradient go, writes out, grad_g = go * u * act'(g) and grad_u = go * act(g).
+template <typename F>
+CUTLASS_NN_HOST_DEVICE void gated_backward(Activation act, F go, F g, F u, F& out, F& grad_g,
+                                           F& grad_u) {
+  const F a = activation_forward(act, g);
+  out = a * u;
+  grad_u = go * a;
+  grad_g = go * u * activation_derivative(act, g);
 }
 
 // grad * act'(z): the backward of the activation. For relu a select, like torch's

@@ -150,6 +150,39 @@ inline std::tuple<at::Tensor, at::Tensor> rms_norm_backward(
   return op.call(grad_output, grad_h, h, weight, rstd, weight_grad);
 }
 
+// act(gate) * up for gate_up = [gate | up] [*, 2n] -> [*, n]; activation "silu", "gelu" or
+// "gelu_tanh". Differentiable.
+inline at::Tensor gated_act(const at::Tensor& gate_up, c10::string_view activation) {
+  static const auto op =
+      detail::find_op<at::Tensor(const at::Tensor&, c10::string_view)>("cutlass_nn::gated_act");
+  return op.call(gate_up, activation);
+}
+
+// The backward of gated_act: (grad_gate_up, out) with out the recomputed forward.
+inline std::tuple<at::Tensor, at::Tensor> gated_act_backward(const at::Tensor& grad_output,
+                                                             const at::Tensor& gate_up,
+                                                             c10::string_view activation) {
+  static const auto op = detail::find_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, c10::string_view)>("cutlass_nn::gated_act_backward");
+  return op.call(grad_output, gate_up, activation);
+}
+
+// down(act(gate(input)) * up(input)): gate_weight, up_weight [n, in], down_weight [out, n];
+// biases optional (gate_bias and up_bias both or neither). Differentiable.
+inline at::Tensor gated_mlp(const at::Tensor& input, const at::Tensor& gate_weight,
+                            const at::Tensor& up_weight, const at::Tensor& down_weight,
+                            const std::optional<at::Tensor>& gate_bias = std::nullopt,
+                            const std::optional<at::Tensor>& up_bias = std::nullopt,
+                            const std::optional<at::Tensor>& down_bias = std::nullopt,
+                            c10::string_view activation = "silu") {
+  static const auto op = detail::find_op<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&, c10::string_view)>("cutlass_nn::gated_mlp");
+  return op.call(input, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias,
+                 activation);
+}
+
 // What the loaded library was built with, as "key=value" lines (flavor=cpu|cuda, cuda_archs=,
 // cutlass_version=, torch_version=).
 inline std::string build_info() {

@@ -1,0 +1,37 @@
+// CPU implementations of gated_act and gated_act_backward (the shared checks, then the ATen
+// formulation of csrc/gated_act_aten.h, the reference the CUDA kernels are tested against), and
+// gated_mlp's CPU registration (the composite of csrc/gated_mlp.h).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "../gated_act_aten.h"
+#include "../gated_mlp.h"
+#include "../op_checks.h"
+
+namespace cutlass_nn {
+namespace {
+
+at::Tensor gated_act_cpu(const at::Tensor& gate_up, c10::string_view activation) {
+  check_gate_up_arg("gated_act", gate_up);
+  return gated_act_forward_aten(gate_up, parse_gated_activation("gated_act", activation));
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_act_backward_cpu(const at::Tensor& grad_output,
+                                                          const at::Tensor& gate_up,
+                                                          c10::string_view activation) {
+  check_gated_act_backward_args(grad_output, gate_up);
+  return gated_act_backward_aten(grad_output, gate_up,
+                                 parse_gated_activation("gated_act_backward", activation));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cutlass_nn, CPU, m) {
+  m.impl("gated_act", &gated_act_cpu);
+  m.impl("gated_act_backward", &gated_act_backward_cpu);
+  m.impl("gated_mlp", &gated_mlp_composite);
+}
+
+}  // namespace cutlass_nn

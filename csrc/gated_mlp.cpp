@@ -1,0 +1,65 @@
+#include "gated_mlp.h"
+
+#include <ATen/ATen.h>
+#include <ATen/TensorSubclassLikeUtils.h>
+
+#include "include/cutlass_nn/ops.h"
+#include "op_checks.h"
+
+namespace cutlass_nn {
+namespace {
+
+bool defined(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+// Whether up's rows directly follow gate's in one storage, so that [gate; up] is a plain view.
+bool adjacent_rows(const at::Tensor& gate, const at::Tensor& up) {
+  if (at::isTensorSubclassLike(gate) || at::isTensorSubclassLike(up)) return false;
+  if (!gate.has_storage() || !up.has_storage()) return false;
+  return gate.dim() == 2 && gate.sizes() == up.sizes() && gate.dtype() == up.dtype() &&
+         gate.device() == up.device() && gate.is_contiguous() && up.is_contiguous() &&
+         gate.storage().is_alias_of(up.storage()) &&
+         up.storage_offset() == gate.storage_offset() + gate.numel();
+}
+
+}  // namespace
+
+at::Tensor gate_up_weight(const at::Tensor& gate_weight, const at::Tensor& up_weight) {
+  if (adjacent_rows(gate_weight, up_weight)) {
+    return gate_weight.as_strided({2 * gate_weight.size(0), gate_weight.size(1)},
+                                  {gate_weight.size(1), 1}, gate_weight.storage_offset());
+  }
+  return at::cat({gate_weight, up_weight}, 0);
+}
+
+std::optional<at::Tensor> gate_up_bias(const std::optional<at::Tensor>& gate_bias,
+                                       const std::optional<at::Tensor>& up_bias) {
+  if (!defined(gate_bias)) return std::nullopt;
+  return at::cat({*gate_bias, *up_bias}, 0);
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_mlp_forward(
+    const at::Tensor& input, const at::Tensor& gate_weight, const at::Tensor& up_weight,
+    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias,
+    const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& down_bias,
+    c10::string_view activation) {
+  const at::Tensor gate_up = cutlass_nn::linear(input, gate_up_weight(gate_weight, up_weight),
+                                                gate_up_bias(gate_bias, up_bias));
+  const at::Tensor hidden = cutlass_nn::gated_act(gate_up, activation);
+  return {cutlass_nn::linear(hidden, down_weight,
+                             defined(down_bias) ? down_bias : std::nullopt),
+          gate_up};
+}
+
+at::Tensor gated_mlp_composite(const at::Tensor& input, const at::Tensor& gate_weight,
+                               const at::Tensor& up_weight, const at::Tensor& down_weight,
+                               const std::optional<at::Tensor>& gate_bias,
+                               const std::optional<at::Tensor>& up_bias,
+                               const std::optional<at::Tensor>& down_bias,
+                               c10::string_view activation) {
+  check_gated_mlp_args(input, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias);
+  parse_gated_activation("gated_mlp", activation);
+  return std::get<0>(gated_mlp_forward(input, gate_weight, up_weight, down_weight, gate_bias,
+                                       up_bias, down_bias, activation));
+}
+
+}  // namespace cutlass_nn

@@ -1,0 +1,41 @@
+// The gated MLP down(act(gate(x)) * up(x)) as a composition of cutlass_nn operators, shared by the
+// backend kernels of gated_mlp (CPU and CUDA register the same composite: its GEMMs and gated
+// activation dispatch to the backend's own kernels) and by its autograd kernel.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <optional>
+#include <tuple>
+
+namespace cutlass_nn {
+
+// The gate+up weight [2n, in] (gate rows first) as one tensor for the single gate+up GEMM:
+// a view without a copy when up_weight directly follows gate_weight in one storage (both
+// contiguous, same shape and dtype: the layout cutlass_nn.GatedMLP keeps), else their
+// concatenation (a copy per call). Traced tensors (FakeTensor, functional wrappers) always take
+// the concatenation, which tracing can express.
+at::Tensor gate_up_weight(const at::Tensor& gate_weight, const at::Tensor& up_weight);
+
+// gate_bias and up_bias concatenated ([2n]), or nullopt when there are none.
+std::optional<at::Tensor> gate_up_bias(const std::optional<at::Tensor>& gate_bias,
+                                       const std::optional<at::Tensor>& up_bias);
+
+// (out, gate_up) with gate_up = linear(input, [gate; up], [gate_bias; up_bias]) the gate+up GEMM
+// output [*, 2n] the backward needs. The arguments must have passed check_gated_mlp_args.
+std::tuple<at::Tensor, at::Tensor> gated_mlp_forward(
+    const at::Tensor& input, const at::Tensor& gate_weight, const at::Tensor& up_weight,
+    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias,
+    const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& down_bias,
+    c10::string_view activation);
+
+// The backend kernel of gated_mlp: the checks, then gated_mlp_forward's output.
+at::Tensor gated_mlp_composite(const at::Tensor& input, const at::Tensor& gate_weight,
+                               const at::Tensor& up_weight, const at::Tensor& down_weight,
+                               const std::optional<at::Tensor>& gate_bias,
+                               const std::optional<at::Tensor>& up_bias,
+                               const std::optional<at::Tensor>& down_bias,
+                               c10::string_view activation);
+
+}  // namespace cutlass_nn
