@@ -5,10 +5,14 @@ Public API:
 * :class:`CutlassLinear` -- drop-in for ``nn.Linear``; :class:`Add2` -- ``a + b`` as a module.
 * :class:`RMSNorm` -- drop-in for ``nn.RMSNorm`` (and Llama-style RMSNorms); :class:`AddRMSNorm`
   -- residual add + RMSNorm in one kernel.
+* :class:`GatedMLP` -- drop-in for the gated MLP of Llama-style ``transformers`` models
+  (``down(act(gate(x)) * up(x))`` as one operator, gate and up as one GEMM).
 * :func:`convert` -- swap the ``nn.Linear`` layers of a model for ``CutlassLinear`` (and, with
-  ``fuse_norm=True``, its RMSNorms for ``RMSNorm``).
+  ``fuse_norm=True``, its RMSNorms for ``RMSNorm``; with ``fuse_mlp=True``, its gated MLPs for
+  ``GatedMLP``).
 * :func:`mm` -- drop-in for ``torch.mm`` (``out=`` included).
-* :mod:`cutlass_nn.functional` -- ``linear``, ``mm``, ``add2``, ``rms_norm``, ``add_rms_norm``.
+* :mod:`cutlass_nn.functional` -- ``linear``, ``mm``, ``add2``, ``rms_norm``, ``add_rms_norm``,
+  ``gated_act``, ``gated_mlp``.
 * :mod:`cutlass_nn.ops` -- the raw operators (also reachable as ``torch.ops.cutlass_nn.*``).
 * :mod:`cutlass_nn.autotune` -- opt-in per-shape tuning of the GEMM kernel configuration.
 """
@@ -17,8 +21,8 @@ from cutlass_nn._version import __version__
 from cutlass_nn import ops  # loads the extension and registers fake / autograd implementations
 from cutlass_nn import functional
 from cutlass_nn import autotune
-from cutlass_nn.functional import add2, add_rms_norm, linear, mm, rms_norm
-from cutlass_nn.modules import Add2, AddRMSNorm, CutlassLinear, RMSNorm
+from cutlass_nn.functional import add2, add_rms_norm, gated_mlp, linear, mm, rms_norm
+from cutlass_nn.modules import Add2, AddRMSNorm, CutlassLinear, GatedMLP, RMSNorm
 from cutlass_nn.convert import convert
 from cutlass_nn._extension import build_info, has_cuda_kernels
 
@@ -27,6 +31,7 @@ __all__ = [
     "Add2",
     "AddRMSNorm",
     "CutlassLinear",
+    "GatedMLP",
     "RMSNorm",
     "add2",
     "add_rms_norm",
@@ -34,6 +39,7 @@ __all__ = [
     "build_info",
     "convert",
     "functional",
+    "gated_mlp",
     "has_cuda_kernels",
     "linear",
     "mm",

@@ -1,5 +1,5 @@
-"""Swap ``nn.Linear`` layers (and, on request, RMSNorms) of an existing model for the cutlass_nn
-modules."""
+"""Swap ``nn.Linear`` layers (and, on request, RMSNorms and gated MLPs) of an existing model for
+the cutlass_nn modules."""
 
 from __future__ import annotations
 
@@ -10,13 +10,26 @@ from typing import Any, Callable
 from torch import nn
 
 from cutlass_nn import autotune
-from cutlass_nn.modules import CutlassLinear, RMSNorm
+from cutlass_nn.modules import (
+    CutlassLinear,
+    GatedMLP,
+    RMSNorm,
+    _gated_activation_of,
+    _gated_mlp_problem,
+)
 
 _log = logging.getLogger("cutlass_nn.convert")
 
 #: RMSNorm classes of ``transformers`` whose forward is ``weight * (x.float() * rsqrt(mean(x^2)
 #: + variance_epsilon)).to(x.dtype)`` (Gemma's ``1 + weight`` form is not among them).
 LLAMA_STYLE_NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+
+#: Gated MLP classes of ``transformers`` whose forward is
+#: ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (checked against transformers 5.24; the
+#: activation comes from ``act_fn``: SiLU for Llama / Mistral / Qwen, tanh GELU for Gemma).
+GATED_MLPS = frozenset(
+    {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP", "Gemma2MLP", "Gemma3MLP"}
+)
 
 
 def _is_convertible_norm(child: nn.Module) -> bool:
@@ -30,6 +43,18 @@ def _is_convertible_norm(child: nn.Module) -> bool:
         and isinstance(getattr(child, "variance_epsilon", None), float)
     )
 
+
+def _is_convertible_mlp(child: nn.Module) -> bool:
+    # by class name, as for the norms: the formula is the class's, and transformers need not be
+    # importable; the structure and activation are checked on the instance
+    return (
+        type(child).__name__ in GATED_MLPS
+        and type(child).__module__.startswith("transformers.")
+        and _gated_mlp_problem(child) is None
+        and _gated_activation_of(getattr(child, "act_fn", None)) is not None
+    )
+
+
 __all__ = ["convert"]
 
 FilterFn = Callable[[str, nn.Module], bool]
@@ -41,22 +66,25 @@ def convert(
     *,
     example_inputs: Any = None,
     fuse_norm: bool = False,
+    fuse_mlp: bool = False,
 ) -> nn.Module:
     """Replace, in place, every submodule whose type is exactly ``nn.Linear`` by a
     ``CutlassLinear`` sharing the same parameters (and, with ``fuse_norm``, every RMSNorm it
-    recognizes by a :class:`cutlass_nn.RMSNorm` sharing the weight).
+    recognizes by a :class:`cutlass_nn.RMSNorm` sharing the weight; with ``fuse_mlp``, every
+    gated MLP it recognizes by a :class:`cutlass_nn.GatedMLP` sharing the parameters).
 
     Subclasses of ``nn.Linear`` are left alone on purpose: e.g. the output projection inside
     ``nn.MultiheadAttention`` is such a subclass, and the attention reads its ``.weight``
     directly instead of calling it. Outputs of the model are unchanged (the same parameters go
-    through the same arithmetic); an ``nn.Linear`` reachable under several names is replaced by
-    one shared ``CutlassLinear``.
+    through the same arithmetic); a module reachable under several names is replaced by one
+    shared replacement.
 
     Args:
-        module: the model. If it is itself an ``nn.Linear``, the converted layer is returned
-            (a root cannot be replaced in place).
-        filter_fn: optional ``filter_fn(qualified_name, linear) -> bool``; only layers it accepts
-            are converted. The root's name is ``""``.
+        module: the model. If it is itself an ``nn.Linear`` (or, with the options, an RMSNorm
+            or gated MLP it recognizes), the converted module is returned (a root cannot be
+            replaced in place).
+        filter_fn: optional ``filter_fn(qualified_name, module) -> bool``; only modules it
+            accepts are converted. The root's name is ``""``.
         example_inputs: optional inputs of one training step (a tuple of positional arguments,
             a dict of keyword arguments, or one tensor). When given, the converted model runs
             one forward and backward on them with autotune on (:func:`cutlass_nn.autotune.tune`:
@@ -69,18 +97,27 @@ def convert(
             (:data:`LLAMA_STYLE_NORMS`: Llama, Mistral, Qwen2, Qwen3), whose forward and
             backward then run as one kernel each. ``state_dict`` keys do not change.
             ``filter_fn`` is asked about them too (it sees only the candidate modules).
+        fuse_mlp: also replace the gated MLPs of ``transformers`` (:data:`GATED_MLPS`: Llama,
+            Mistral, Qwen2, Qwen3, Gemma 1-3) whose projections are plain ``nn.Linear`` layers
+            and whose ``act_fn`` is SiLU, GELU or tanh GELU, by :meth:`GatedMLP.from_module`
+            (one operator: gate and up as one GEMM, the gated activation fused). ``state_dict``
+            keys do not change; the gate and up weights are re-laid-out into one buffer (same
+            Parameter objects). ``filter_fn`` is asked about the MLP (with its qualified name)
+            before its projections; an MLP it refuses keeps its class and its ``nn.Linear``
+            projections are considered one by one. The projections of a replaced MLP are not
+            visited again (they are the GatedMLP's own ``CutlassLinear`` layers).
 
     What was converted is logged on the ``cutlass_nn.convert`` logger (INFO).
 
     Returns:
-        ``module`` (converted in place), or the new root layer.
+        ``module`` (converted in place), or the new root module.
 
     Raises:
         TypeError: ``module`` is not an ``nn.Module``, or ``filter_fn`` is not callable
             (nothing is changed).
 
     Warns:
-        ``UserWarning`` when no layer was converted.
+        ``UserWarning`` when no module was converted.
     """
 
     if not isinstance(module, nn.Module):
@@ -100,6 +137,8 @@ def convert(
             make = CutlassLinear.from_linear
         elif fuse_norm and _is_convertible_norm(child):
             make = RMSNorm.from_module
+        elif fuse_mlp and _is_convertible_mlp(child):
+            make = GatedMLP.from_module
         else:
             return None
         # filter_fn sees the candidates only
@@ -111,8 +150,15 @@ def convert(
             autotune.tune(root, example_inputs)
         return root
 
+    # Depth-first, parents before children, in named_modules' order, descending only into the
+    # modules that were kept: a replaced module's descendants belong to the replacement (a
+    # GatedMLP's projections are already CutlassLinear). A module reachable under several names
+    # is visited under each, so that every parent gets the one shared replacement.
     replaced: dict[int, nn.Module] = {}
-    for parent_name, parent in list(module.named_modules(remove_duplicate=False)):
+    stack: list[tuple[str, nn.Module]] = [("", module)]
+    while stack:
+        parent_name, parent = stack.pop()
+        kept = []
         for child_name, child in list(parent.named_children()):
             name = f"{parent_name}.{child_name}" if parent_name else child_name
             if id(child) in replaced:
@@ -122,16 +168,25 @@ def convert(
             if new is not None:
                 replaced[id(child)] = new
                 setattr(parent, child_name, new)
-    linears = sum(isinstance(m, CutlassLinear) for m in replaced.values())
+            else:
+                kept.append((name, child))
+        stack.extend(reversed(kept))
+
+    counts = {kind: 0 for kind in (CutlassLinear, RMSNorm, GatedMLP)}
+    for new in replaced.values():
+        counts[type(new)] += 1
     _log.info(
-        "cutlass_nn.convert: %d nn.Linear -> CutlassLinear, %d RMSNorm -> cutlass_nn.RMSNorm",
-        linears,
-        len(replaced) - linears,
+        "cutlass_nn.convert: %d nn.Linear -> CutlassLinear, %d RMSNorm -> cutlass_nn.RMSNorm, "
+        "%d gated MLP -> cutlass_nn.GatedMLP",
+        counts[CutlassLinear],
+        counts[RMSNorm],
+        counts[GatedMLP],
     )
     if not replaced:
+        kinds = ["nn.Linear"] + ["RMSNorm"] * fuse_norm + ["gated MLP"] * fuse_mlp
+        what = kinds[0] if len(kinds) == 1 else ", ".join(kinds[:-1]) + " or " + kinds[-1]
         warnings.warn(
-            f"cutlass_nn.convert: no {'nn.Linear or RMSNorm' if fuse_norm else 'nn.Linear'} "
-            f"layer of this {type(module).__name__} was converted "
+            f"cutlass_nn.convert: no {what} layer of this {type(module).__name__} was converted "
             "(none found, or filter_fn rejected them all)",
             stacklevel=2,
         )

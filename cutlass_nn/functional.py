@@ -19,8 +19,10 @@ _mm = torch.ops.cutlass_nn.mm.default
 _add2 = torch.ops.cutlass_nn.add2.default
 _rms_norm = torch.ops.cutlass_nn.rms_norm.default
 _add_rms_norm = torch.ops.cutlass_nn.add_rms_norm.default
+_gated_act = torch.ops.cutlass_nn.gated_act.default
+_gated_mlp = torch.ops.cutlass_nn.gated_mlp.default
 
-__all__ = ["linear", "mm", "add2", "rms_norm", "add_rms_norm"]
+__all__ = ["linear", "mm", "add2", "rms_norm", "add_rms_norm", "gated_act", "gated_mlp"]
 
 
 def linear(
@@ -134,3 +136,71 @@ def add_rms_norm(
         x, residual = x.to(common), residual.to(common)
     out, h, _ = _add_rms_norm(x, residual, weight, _eps(eps, x.dtype))
     return out, h
+
+
+def _check_gated_activation_type(op: str, activation) -> None:
+    # As for linear: a non-string would fail in the dispatcher's argument parsing with a message
+    # that does not name the argument. The values themselves are checked by the operators.
+    if not isinstance(activation, str):
+        allowed = ", ".join(f'"{a}"' for a in ops.GATED_ACTIVATIONS)
+        raise RuntimeError(
+            f"cutlass_nn.{op}: argument 'activation' must be one of {allowed}, got {activation!r}"
+        )
+
+
+def gated_act(gate_up: Tensor, activation: str = "silu") -> Tensor:
+    """The gating of a gated MLP: ``act(gate) * up`` for ``gate_up = [gate | up]``.
+
+    Args:
+        gate_up: ``[*, 2n]``, a floating dtype: the gate projection in the first ``n`` columns,
+            the up projection in the last ``n`` (the output of one GEMM against the stacked
+            ``[gate_weight; up_weight]``).
+        activation: ``"silu"`` (default; ``F.silu``), ``"gelu"`` (``F.gelu``) or
+            ``"gelu_tanh"`` (``F.gelu(approximate="tanh")``); any other value raises a
+            RuntimeError naming the allowed values.
+
+    Returns:
+        ``[*, n]`` in ``gate_up``'s dtype, computed in float32 (float64 for float64) and rounded
+        once. Differentiable, also twice.
+    """
+    _check_gated_activation_type("gated_act", activation)
+    return _gated_act(gate_up, activation)
+
+
+def gated_mlp(
+    input: Tensor,
+    gate_weight: Tensor,
+    up_weight: Tensor,
+    down_weight: Tensor,
+    gate_bias: Tensor | None = None,
+    up_bias: Tensor | None = None,
+    down_bias: Tensor | None = None,
+    activation: str = "silu",
+) -> Tensor:
+    """The gated MLP of Llama-style transformers as one operator:
+    ``linear(act(linear(input, gate_weight, gate_bias)) * linear(input, up_weight, up_bias),
+    down_weight, down_bias)``.
+
+    The gate and up projections run as one GEMM, followed by :func:`gated_act`. That GEMM reads
+    the weights in place when ``up_weight`` directly follows ``gate_weight`` in one storage
+    (both contiguous, same shape and dtype) -- the layout :class:`cutlass_nn.GatedMLP` keeps;
+    separate tensors give the same result but are concatenated on every call. The backward
+    keeps only ``input`` and the gate+up output and recomputes the gated activation.
+
+    Args:
+        input: ``[*, in]`` (empty batches allowed).
+        gate_weight, up_weight: ``[n, in]``, ``input``'s dtype and device.
+        down_weight: ``[out, n]``.
+        gate_bias, up_bias: optional ``[n]``; both or neither.
+        down_bias: optional ``[out]``.
+        activation: ``"silu"`` (default), ``"gelu"`` or ``"gelu_tanh"``, as for
+            :func:`gated_act`.
+
+    Returns:
+        ``[*, out]`` in ``input``'s dtype. Differentiable in every tensor argument, also twice.
+        Follows ``torch.autocast`` like ``F.linear``.
+    """
+    _check_gated_activation_type("gated_mlp", activation)
+    return _gated_mlp(
+        input, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation
+    )

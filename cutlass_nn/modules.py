@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
 from cutlass_nn import functional as F
-from cutlass_nn.ops import ACTIVATIONS
+from cutlass_nn.ops import ACTIVATIONS, GATED_ACTIVATIONS
 
 _linear = torch.ops.cutlass_nn.linear.default
 _linear_act = torch.ops.cutlass_nn.linear_act.default
 _add2 = torch.ops.cutlass_nn.add2.default
 _rms_norm = torch.ops.cutlass_nn.rms_norm.default
 _add_rms_norm = torch.ops.cutlass_nn.add_rms_norm.default
+_gated_mlp = torch.ops.cutlass_nn.gated_mlp.default
 
-__all__ = ["CutlassLinear", "Add2", "RMSNorm", "AddRMSNorm"]
+__all__ = ["CutlassLinear", "Add2", "RMSNorm", "AddRMSNorm", "GatedMLP"]
 
 
 def _check_activation(where: str, activation) -> str | None:
@@ -243,3 +246,336 @@ class AddRMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}"
+
+
+# ---- gated MLP -------------------------------------------------------------------------------
+
+
+def _check_gated_activation(where: str, activation) -> str:
+    """One of GATED_ACTIVATIONS, else a TypeError (not a string) or ValueError (unknown name)."""
+    allowed = ", ".join(f'"{a}"' for a in GATED_ACTIVATIONS)
+    if not isinstance(activation, str):
+        raise TypeError(
+            f"cutlass_nn.{where}: argument 'activation' must be a string, one of {allowed}, "
+            f"got {type(activation).__name__}"
+        )
+    if activation not in GATED_ACTIVATIONS:
+        raise ValueError(
+            f"cutlass_nn.{where}: argument 'activation' must be one of {allowed}, got {activation!r}"
+        )
+    return activation
+
+
+#: The torch form of each gated activation: what GatedMLP computes when it cannot run the fused
+#: operator (see GatedMLP._fusable).
+_TORCH_ACTS = {
+    "silu": nn.functional.silu,
+    "gelu": nn.functional.gelu,
+    "gelu_tanh": functools.partial(nn.functional.gelu, approximate="tanh"),
+}
+
+
+def _gated_activation_of(act_fn) -> str | None:
+    """The gated activation name that ``act_fn`` computes, or None when it is none of them.
+
+    Exact types only: a subclass may have changed the forward. The ``transformers`` classes are
+    recognized by module and name, so that transformers need not be importable."""
+    kind = type(act_fn)
+    if kind is nn.SiLU or act_fn is nn.functional.silu:
+        return "silu"
+    if act_fn is nn.functional.gelu:
+        return "gelu"
+    if kind is nn.GELU:
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(act_fn.approximate)
+    if kind.__module__ != "transformers.activations":
+        return None
+    name = kind.__name__
+    if name == "SiLUActivation":  # forward: F.silu
+        return "silu"
+    if name == "NewGELUActivation":  # forward: the tanh formula itself
+        return "gelu_tanh"
+    # GELUActivation and GELUTanh choose at construction between torch's function and a Python
+    # formula of the same function, kept in `act`; anything else there is not what we compute.
+    act = getattr(act_fn, "act", None)
+    method = getattr(act, "__func__", None)  # a bound method: the Python formula
+    if name == "GELUActivation":
+        exact = act is nn.functional.gelu or (
+            method is not None and method is getattr(kind, "_gelu_python", None)
+        )
+        return "gelu" if exact else None
+    if name in ("GELUTanh", "PytorchGELUTanh"):  # the second: its older name (now an alias)
+        tanh = (
+            # older transformers' PytorchGELUTanh has no `act`: its forward calls
+            # F.gelu(approximate="tanh") directly
+            (act is None and name == "PytorchGELUTanh")
+            or (
+                isinstance(act, functools.partial)
+                and act.func is nn.functional.gelu
+                and not act.args
+                and act.keywords == {"approximate": "tanh"}
+            )
+            or (method is not None and method is getattr(kind, "_gelu_tanh_python", None))
+        )
+        return "gelu_tanh" if tanh else None
+    return None
+
+
+def _is_plain_linear(layer) -> bool:
+    """An ``nn.Linear`` computing ``x @ W.T + b`` and nothing else: exactly ``nn.Linear``, or a
+    ``CutlassLinear`` without an activation (a model converted before, without fuse_mlp)."""
+    return type(layer) is nn.Linear or (type(layer) is CutlassLinear and layer.activation is None)
+
+
+def _gated_mlp_problem(mlp: nn.Module) -> str | None:
+    """What keeps ``mlp`` from being a GatedMLP's source (its projections, their shapes and
+    biases; not its activation), or None."""
+    layers = {name: getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")}
+    for name, layer in layers.items():
+        if not _is_plain_linear(layer):
+            return (
+                f"must have an nn.Linear '{name}' (exactly nn.Linear, or a CutlassLinear without "
+                f"activation), got {type(layer).__module__}.{type(layer).__qualname__}"
+            )
+    gate, up, down = layers.values()
+    n, hidden = gate.out_features, gate.in_features
+    shapes = [(up.out_features, up.in_features), (down.out_features, down.in_features)]
+    if shapes != [(n, hidden), (hidden, n)]:
+        return (
+            f"must have gate_proj and up_proj of shape [n, hidden] and down_proj of shape "
+            f"[hidden, n], got gate_proj {[n, hidden]}, up_proj {list(shapes[0])}, down_proj "
+            f"{list(shapes[1])} (out_features, in_features)"
+        )
+    biases = [layer.bias is not None for layer in (gate, up, down)]
+    if any(biases) and not all(biases):
+        return (
+            "must have a bias on all of gate_proj, up_proj, down_proj or on none, got "
+            + ", ".join(f"{name}: {'bias' if b else 'no bias'}" for name, b in zip(layers, biases))
+        )
+    return None
+
+
+def _adjacent(first: Tensor, second: Tensor) -> bool:
+    """``second`` directly follows ``first`` in one storage: what the gated_mlp operator reads as
+    one [2n, in] operand without a copy."""
+    return (
+        first.shape == second.shape
+        and first.dtype == second.dtype
+        and first.device == second.device
+        and first.is_contiguous()
+        and second.is_contiguous()
+        and first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+        and second.storage_offset() == first.storage_offset() + first.numel()
+    )
+
+
+def _pack_adjacent(first, second) -> None:
+    """Move the data of Parameters ``first`` and ``second`` into one new buffer, ``first``'s
+    rows then ``second``'s, by assigning ``.data``: the Parameter objects stay the same, so
+    optimizers, hooks and other modules sharing them keep working on the packed storage.
+
+    A no-op where packing is already done, impossible (different shapes, dtypes or devices)
+    or meaningless (meta tensors; tensor subclasses such as DTensor, whose ``.data`` is not a
+    plain tensor)."""
+    if not (isinstance(first, nn.Parameter) and isinstance(second, nn.Parameter)):
+        return
+    if type(first.data) is not torch.Tensor or type(second.data) is not torch.Tensor:
+        return
+    if first.is_meta or first.layout != torch.strided or second.layout != torch.strided:
+        return
+    if first.shape != second.shape or first.dtype != second.dtype or first.device != second.device:
+        return
+    if _adjacent(first, second):
+        return
+    with torch.no_grad():
+        buf = torch.cat((first.detach(), second.detach()))
+    rows = first.shape[0]
+    first.data = buf[:rows]
+    second.data = buf[rows:]
+
+
+def _repack_after_load(module: "GatedMLP", incompatible_keys) -> None:
+    # load_state_dict(assign=True) puts the state_dict's own tensors in place of the weights;
+    # an ordinary load copies into them and leaves the packing as it was (then a no-op).
+    module._pack_gate_up()
+
+
+class GatedMLP(nn.Module):
+    """The gated MLP of Llama-style transformers, ``down_proj(act(gate_proj(x)) * up_proj(x))``,
+    as one cutlass_nn operator (:func:`cutlass_nn.functional.gated_mlp`): the gate and up
+    projections run as one GEMM, the gated activation as one kernel, and the backward keeps
+    only the input and the gate+up output.
+
+    Drop-in for ``transformers``' ``LlamaMLP`` (and the MLPs of Mistral, Qwen2/3, Gemma 1-3):
+    the submodules ``gate_proj``, ``up_proj`` ([intermediate, hidden]) and ``down_proj``
+    ([hidden, intermediate]) are :class:`CutlassLinear` layers, so the ``state_dict`` keys and
+    shapes are theirs and load strictly both ways. :meth:`from_module` converts an existing MLP
+    without copying its parameters.
+
+    The gate and up weights (and biases) are kept as two halves of one contiguous
+    ``[2 * intermediate, hidden]`` buffer, gate rows first, which is what lets the operator
+    read them as one GEMM operand without a copy. The module re-establishes that layout after
+    construction, :meth:`from_module`, ``.to()`` / ``.cuda()`` / ``.half()`` / ``to_empty()``,
+    ``copy.deepcopy`` / unpickling and ``load_state_dict(assign=True)``, by assigning the
+    Parameters' ``.data`` (the Parameter objects never change). Weights laid out otherwise
+    still compute the same result, with a copy per call.
+
+    If any of the three projections is no longer a plain ``CutlassLinear`` (replaced, given an
+    activation, or carrying forward / backward hooks), the forward calls them one by one, so
+    that what they do still happens.
+
+    Args:
+        hidden_size: the input and output feature size.
+        intermediate_size: the size ``n`` of the gate and up projections.
+        activation: ``"silu"`` (default; ``F.silu``), ``"gelu"`` (``F.gelu``) or
+            ``"gelu_tanh"`` (``F.gelu(approximate="tanh")``), applied to the gate. Kept in the
+            attribute ``activation``, not in the ``state_dict``.
+        bias: whether the three projections have biases (``LlamaConfig.mlp_bias``).
+        device, dtype: factory arguments for the parameters.
+
+    Shape:
+        input ``[*, hidden_size]`` (empty batches allowed) -> output ``[*, hidden_size]``.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        activation: str = "silu",
+        bias: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        # validated first: a bad value fails before any parameter is allocated
+        act = _check_gated_activation("GatedMLP", activation)
+        super().__init__()
+        self.hidden_size = int(hidden_size)
+        self.intermediate_size = int(intermediate_size)
+        self.activation = act
+        # Created in LlamaMLP's order with nn.Linear's initialization: under the same seed the
+        # weights are those of the transformers module.
+        factory = dict(bias=bias, device=device, dtype=dtype)
+        self.gate_proj = CutlassLinear(self.hidden_size, self.intermediate_size, **factory)
+        self.up_proj = CutlassLinear(self.hidden_size, self.intermediate_size, **factory)
+        self.down_proj = CutlassLinear(self.intermediate_size, self.hidden_size, **factory)
+        self._pack_gate_up()
+        self.register_load_state_dict_post_hook(_repack_after_load)
+
+    def _pack_gate_up(self) -> None:
+        """Lay the gate and up weights (and biases) out as the two halves of one buffer, gate
+        first, unless they already are (see the class docstring)."""
+        gate, up = self.gate_proj, self.up_proj
+        if not (isinstance(gate, nn.Linear) and isinstance(up, nn.Linear)):
+            return
+        _pack_adjacent(gate.weight, up.weight)
+        if gate.bias is not None and up.bias is not None:
+            _pack_adjacent(gate.bias, up.bias)
+
+    def _fusable(self) -> bool:
+        """Whether the fused operator computes what calling the three projections would."""
+        for layer in (self.gate_proj, self.up_proj, self.down_proj):
+            if type(layer) is not CutlassLinear or layer.activation is not None:
+                return False
+            if (
+                layer._forward_hooks
+                or layer._forward_pre_hooks
+                or layer._backward_hooks
+                or layer._backward_pre_hooks
+            ):
+                return False
+        return True
+
+    def forward(self, input: Tensor) -> Tensor:
+        gate, up, down = self.gate_proj, self.up_proj, self.down_proj
+        if not self._fusable():
+            return down(_TORCH_ACTS[self.activation](gate(input)) * up(input))
+        return _gated_mlp(
+            input,
+            gate.weight,
+            up.weight,
+            down.weight,
+            gate.bias,
+            up.bias,
+            down.bias,
+            self.activation,
+        )
+
+    def _apply(self, fn, recurse=True):
+        # .to() / .cuda() / .half() / to_empty() convert each Parameter on its own, into
+        # separate storages: pack them again.
+        super()._apply(fn, recurse)
+        self._pack_gate_up()
+        return self
+
+    def __setstate__(self, state) -> None:
+        # copy.deepcopy clones each Parameter on its own and pickle does not keep views of one
+        # storage either (torch.save does): the copy's gate and up land in separate storages.
+        super().__setstate__(state)
+        self._pack_gate_up()
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+            f"activation={self.activation!r}, bias={self.gate_proj.bias is not None}"
+        )
+
+    @classmethod
+    def from_module(cls, mlp: nn.Module, activation: str | None = None) -> "GatedMLP":
+        """A ``GatedMLP`` sharing the parameters of a ``transformers``-style gated MLP (no copy;
+        the Parameter objects are reused, through :meth:`CutlassLinear.from_linear`).
+
+        ``mlp`` has ``gate_proj``, ``up_proj`` ([n, hidden]) and ``down_proj`` ([hidden, n]),
+        each exactly an ``nn.Linear`` (or a ``CutlassLinear`` without activation), with biases
+        on all three or none, and computes ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` --
+        the caller vouches for that formula; :func:`cutlass_nn.convert` only takes the
+        ``transformers`` classes known to compute it (``cutlass_nn.convert.GATED_MLPS``).
+
+        Args:
+            mlp: the module to convert. Its gate and up Parameters are re-laid-out into one
+                buffer (same values, same Parameter objects), which ``mlp`` itself then uses too.
+            activation: one of ``"silu"``, ``"gelu"``, ``"gelu_tanh"``; None (default) reads it
+                from ``mlp.act_fn``: ``nn.SiLU`` / ``F.silu`` / transformers' ``SiLUActivation``
+                -> ``"silu"``; ``nn.GELU()`` / ``F.gelu`` / ``GELUActivation`` -> ``"gelu"``;
+                ``nn.GELU(approximate="tanh")`` / ``GELUTanh`` (``PytorchGELUTanh``) /
+                ``NewGELUActivation`` -> ``"gelu_tanh"``.
+
+        Training mode and the hooks of ``mlp`` (and of its projections) are carried over.
+
+        Raises:
+            TypeError: ``mlp`` does not have that structure, or its ``act_fn`` is none of the
+                above (with ``activation`` None).
+            ValueError: ``activation`` is not one of the names.
+        """
+        where = "GatedMLP.from_module"
+        if activation is not None:
+            act = _check_gated_activation(where, activation)
+        if not isinstance(mlp, nn.Module):
+            raise TypeError(
+                f"cutlass_nn.{where}: argument 'mlp' must be an nn.Module, got "
+                f"{type(mlp).__module__}.{type(mlp).__qualname__}"
+            )
+        problem = _gated_mlp_problem(mlp)
+        if problem is not None:
+            raise TypeError(f"cutlass_nn.{where}: argument 'mlp' {problem}")
+        if activation is None:
+            act_fn = getattr(mlp, "act_fn", None)
+            act = _gated_activation_of(act_fn)
+            if act is None:
+                raise TypeError(
+                    f"cutlass_nn.{where}: the activation of argument 'mlp' is unknown: its "
+                    f"act_fn is a {type(act_fn).__module__}.{type(act_fn).__qualname__}, not "
+                    "nn.SiLU, nn.GELU or one of transformers' SiLUActivation, GELUActivation, "
+                    "GELUTanh, NewGELUActivation"
+                )
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.hidden_size = mlp.gate_proj.in_features
+        layer.intermediate_size = mlp.gate_proj.out_features
+        layer.activation = act
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            setattr(layer, name, CutlassLinear.from_linear(getattr(mlp, name)))
+        # only the module's own flag: each projection keeps its mode (from_linear copied it)
+        layer.training = mlp.training
+        _copy_hooks(mlp, layer)
+        layer._pack_gate_up()
+        layer.register_load_state_dict_post_hook(_repack_after_load)
+        return layer

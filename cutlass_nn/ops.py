@@ -553,7 +553,14 @@ def _fake_bias(op: str, name: str, bias: Tensor | None, size, ref: Tensor) -> No
 
 @torch.library.register_fake("cutlass_nn::gated_mlp")
 def _gated_mlp_fake(
-    input, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation
+    input,
+    gate_weight,
+    up_weight,
+    down_weight,
+    gate_bias=None,
+    up_bias=None,
+    down_bias=None,
+    activation="silu",
 ):
     op = "gated_mlp"
     weights = {"gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}

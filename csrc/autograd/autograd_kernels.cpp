@@ -461,7 +461,13 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
     const std::string& activation = ctx->saved_data["activation"].toStringRef();
     const at::Tensor& grad_out = grads_out[0];
     variable_list grads(8);
-    const auto need = [&](int i) { return ctx->needs_input_grad(i); };
+    // needs_input_grad counts only the tensors given (a None bias is no autograd input), while
+    // grads is indexed by argument position: map one to the other.
+    const auto need = [&](int position) {
+      if (position < 4) return ctx->needs_input_grad(position);
+      if (position < 6) return has_gate_up_bias && ctx->needs_input_grad(position);
+      return has_down_bias && ctx->needs_input_grad(has_gate_up_bias ? 6 : 4);
+    };
     const bool need_gate_up_side = need(0) || need(1) || need(2) || need(4) || need(5);
     if (!need_gate_up_side && !need(3) && !need(6)) return grads;
 

@@ -13,6 +13,11 @@ Cases (each on random data, checked against a float64 reference before it is tim
   ``torch.nn.functional.rms_norm`` and against that compiled with ``torch.compile``.
 * ``add_rms_norm`` (the residual add + RMSNorm) forward and forward + backward against
   ``x + residual`` followed by each of the above.
+* ``gated_mlp`` (``--cases mlp``): :class:`cutlass_nn.GatedMLP` against the Llama MLP of
+  ``transformers`` at the Llama intermediate size for the hidden size (8/3 x, rounded to 256),
+  stock (``nn.Linear``), converted without ``fuse_mlp`` (three ``CutlassLinear``) and compiled
+  with ``torch.compile``: forward, one eager forward + backward step, and the peak memory of that
+  step above the inputs; plus the gated-activation kernels alone with their bandwidth.
 
 Reported per case: the median milliseconds of ``--reps`` CUDA-event-timed repetitions (after
 warm-up, the sides interleaved), the ratio baseline / ours (> 1: ours is faster) and, for the
@@ -194,6 +199,119 @@ def norm_cases(
     return rows
 
 
+def llama_intermediate(hidden: int) -> int:
+    """The intermediate size the models benchmark gives a Llama of this hidden size."""
+    return int(hidden * 8 / 3 / 256 + 0.5) * 256
+
+
+def peak_step_bytes(step: Callable[[], Any]) -> int:
+    """Peak bytes allocated during one call of ``step`` above what was allocated before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def mlp_cases(tokens: int, hidden: int, dtype: torch.dtype, reps: int, ceiling: float) -> list[dict]:
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    inter = llama_intermediate(hidden)
+    torch.manual_seed(tokens + hidden)
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=inter)
+    with torch.device("cuda"):
+        stock = LlamaMLP(cfg).to(dtype)
+    unfused = LlamaMLP(cfg).to(device="cuda", dtype=dtype)
+    unfused.load_state_dict(stock.state_dict())
+    cutlass_nn.convert(unfused)
+    ours = cutlass_nn.GatedMLP(hidden, inter, device="cuda", dtype=dtype)
+    ours.load_state_dict(stock.state_dict())
+    compiled = torch.compile(stock)
+    gen = torch.Generator(device="cuda").manual_seed(tokens * 3 + hidden)
+    x = torch.randn(tokens, hidden, generator=gen, device="cuda", dtype=dtype)
+    g = torch.randn(tokens, hidden, generator=gen, device="cuda", dtype=dtype)
+    sides = {"ours": ours, "llama_eager": stock, "unfused": unfused, "torch_compile": compiled}
+
+    # correctness first: ours against a float64 evaluation of the same weights
+    with torch.no_grad():
+        sd = {k: v.double() for k, v in stock.state_dict().items()}
+        x64 = x.double()
+        ref = torch.nn.functional.linear(
+            torch.nn.functional.silu(x64 @ sd["gate_proj.weight"].T) * (x64 @ sd["up_proj.weight"].T),
+            sd["down_proj.weight"])
+        err = check_close("gated_mlp", ours(x), ref)
+
+    fwd = {}
+    for name, mod in sides.items():
+        fwd[name] = (lambda mod=mod: mod(x))
+    with torch.no_grad():
+        ms = time_ms(fwd, reps)
+    rows = [{
+        "case": "gated_mlp fwd", "tokens": tokens, "hidden": hidden, "intermediate": inter,
+        "dtype": str(dtype), "ms": ms,
+        "speedup": {k: v / ms["ours"] for k, v in ms.items() if k != "ours"}, "max_rel_err": err,
+    }]
+
+    xg = x.clone().requires_grad_(True)
+
+    def step(mod):
+        def call():
+            xg.grad = None
+            for p in mod.parameters():
+                p.grad = None
+            mod(xg).backward(g)
+        return call
+
+    steps = {name: step(mod) for name, mod in sides.items()}
+    ms = time_ms(steps, reps)
+    peak = {name: peak_step_bytes(fn) for name, fn in steps.items()}
+    rows.append({
+        "case": "gated_mlp fwd+bwd", "tokens": tokens, "hidden": hidden, "intermediate": inter,
+        "dtype": str(dtype), "ms": ms,
+        "speedup": {k: v / ms["ours"] for k, v in ms.items() if k != "ours"},
+        "peak_bytes": peak, "memory_ratio": {k: peak["ours"] / v for k, v in peak.items() if k != "ours"},
+    })
+
+    # the gated-activation kernels alone: forward reads [tokens, 2n] and writes [tokens, n]; the
+    # backward reads grad [tokens, n] and [tokens, 2n], writes [tokens, 2n] and [tokens, n]
+    es = x.element_size()
+    gate_up = torch.randn(tokens, 2 * inter, generator=gen, device="cuda", dtype=dtype)
+    grad_h = torch.randn(tokens, inter, generator=gen, device="cuda", dtype=dtype)
+    for case, fn, nbytes in (
+        ("gated_act fwd kernel", lambda: cutlass_nn.ops.gated_act(gate_up, "silu"), 3 * tokens * inter * es),
+        ("gated_act bwd kernel", lambda: cutlass_nn.ops.gated_act_backward(grad_h, gate_up, "silu"),
+         6 * tokens * inter * es),
+    ):
+        ms = time_ms({"ours": fn}, reps)
+        gbs = nbytes / (ms["ours"] * 1e-3) / 1e9
+        rows.append({
+            "case": case, "tokens": tokens, "hidden": hidden, "intermediate": inter,
+            "dtype": str(dtype), "ms": ms, "speedup": {}, "bytes": nbytes, "gbs": gbs,
+            "copy_gbs": ceiling, "bandwidth_fraction": gbs / ceiling,
+            "pass": gbs / ceiling >= TARGET_BANDWIDTH_FRACTION,
+        })
+    return rows
+
+
+def format_mlp_rows(rows: Sequence[dict]) -> list[str]:
+    lines = [
+        "| case | tokens x hidden (x inter) | ours ms | vs llama eager | vs unfused cutlass_nn | "
+        "vs compile | peak memory vs llama eager / compile | GB/s (of copy) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        sp = r["speedup"]
+        vs = " | ".join(f"{sp[k]:.2f}x" if k in sp else "" for k in ("llama_eager", "unfused", "torch_compile"))
+        mem = r.get("memory_ratio", {})
+        mem_text = (f"{mem['llama_eager']:.2f}x / {mem['torch_compile']:.2f}x" if mem else "")
+        bw = (f"{r['gbs']:.0f} ({r['bandwidth_fraction']:.2f})") if "gbs" in r else ""
+        lines.append(f"| {r['case']} | {r['tokens']}x{r['hidden']}x{r['intermediate']} | "
+                     f"{r['ms']['ours']:.4f} | {vs} | {mem_text} | {bw} |")
+    return lines
+
+
 def format_rows(rows: Sequence[dict]) -> list[str]:
     lines = [
         "| case | tokens x hidden | ours ms | vs llama eager | vs F.rms_norm | vs compile | "
@@ -223,6 +341,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--hidden", type=_ints, default=[1024, 4096, 8192])
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
     p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--cases", type=lambda t: [c for c in t.split(",") if c], default=["norm"],
+                   help="comma-separated: norm (rms_norm, add_rms_norm), mlp (gated_mlp)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     return p.parse_args(argv)
 
@@ -240,18 +360,30 @@ def main(argv: Sequence[str]) -> int:
     ceiling = copy_ceiling_gbs(args.reps)
     meta["copy_ceiling_gbs"] = ceiling
     print(f"device copy ceiling: {ceiling:.0f} GB/s ({CEILING_BYTES >> 20} MiB copy)", flush=True)
+    unknown = set(args.cases) - {"norm", "mlp"}
+    if unknown:
+        print(f"--cases: unknown {sorted(unknown)} (norm, mlp)", file=sys.stderr)
+        return 2
     for hidden in args.hidden:
         for tokens in args.tokens:
-            rows += norm_cases(tokens, hidden, _DTYPES[args.dtype], args.reps, ceiling)
-            for line in format_rows(rows[-6:]):
-                print(line, flush=True)
+            if "norm" in args.cases:
+                rows += norm_cases(tokens, hidden, _DTYPES[args.dtype], args.reps, ceiling)
+                for line in format_rows(rows[-6:]):
+                    print(line, flush=True)
+            if "mlp" in args.cases:
+                rows += mlp_cases(tokens, hidden, _DTYPES[args.dtype], args.reps, ceiling)
+                for line in format_mlp_rows(rows[-4:]):
+                    print(line, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"fused_{bench._slug(meta)}_{bench._stamp()}.json"
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     path.write_text(json.dumps({"mode": "fused", "meta": meta, "settings": settings, "rows": rows},
                                indent=1, default=str) + "\n")
     print()
-    for line in format_rows(rows):
+    norm_rows = [r for r in rows if not r["case"].startswith("gated")]
+    mlp_rows = [r for r in rows if r["case"].startswith("gated")]
+    for line in (format_rows(norm_rows) if norm_rows else []) + (
+            format_mlp_rows(mlp_rows) if mlp_rows else []):
         print(line)
     print(f"json {path}", flush=True)
     return 0

@@ -304,6 +304,7 @@ def run_row(
     sizes: dict[str, ModelSize] = MODEL_SIZES,
     autotune: bool = False,
     fuse_norm: bool = False,
+    fuse_mlp: bool = False,
 ) -> dict[str, Any]:
     """Stock, then converted, on the same initial weights and batches; never raises (an
     exception is recorded as status "error")."""
@@ -329,7 +330,8 @@ def run_row(
                 if side != "cutlass_nn":
                     return model
                 example = batches[0] if autotune else None
-                return cutlass_nn.convert(model, example_inputs=example, fuse_norm=fuse_norm)
+                return cutlass_nn.convert(model, example_inputs=example, fuse_norm=fuse_norm,
+                                          fuse_mlp=fuse_mlp)
 
             return build
 
@@ -507,6 +509,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--fuse-norm", action="store_true",
                    help="convert with fuse_norm=True: the RMSNorms of the Llama rows run on "
                    "cutlass_nn's RMSNorm kernels too")
+    p.add_argument("--fuse-mlp", action="store_true",
+                   help="convert with fuse_mlp=True: the gated MLPs of the Llama rows run as "
+                   "cutlass_nn.GatedMLP (one gate+up GEMM, fused gated activation)")
     p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge earlier model-benchmark JSONs into one JSON + PNG (no GPU)")
     return p.parse_args(argv)
@@ -558,6 +563,7 @@ def main(argv: Sequence[str]) -> int:
     meta["loss_rtol"] = LOSS_RTOL
     meta["autotune"] = bool(args.autotune)
     meta["fuse_norm"] = bool(args.fuse_norm)
+    meta["fuse_mlp"] = bool(args.fuse_mlp)
     specs = plan(args.families, args.sizes, args.modes)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"models_{bench._slug(meta)}_{bench._stamp()}"
@@ -572,7 +578,8 @@ def main(argv: Sequence[str]) -> int:
                    "label": spec.label, "status": "skipped", "note": "time limit"}
         else:
             row = run_row(spec, steps=args.steps, block=args.block, warmup=args.warmup,
-                          autotune=args.autotune, fuse_norm=args.fuse_norm)
+                          autotune=args.autotune, fuse_norm=args.fuse_norm,
+                          fuse_mlp=args.fuse_mlp)
         results["rows"].append(row)
         _write(json_path, results)
         if row["status"] == "ok":
