@@ -40,7 +40,8 @@ TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
   for (const char* op : {"linear", "linear_dgrad", "linear_wgrad", "linear_wgrad_accumulate_",
                          "bias_grad", "mm", "mm.out", "add2", "linear_act", "linear_act_aux",
                          "activation_grad", "rms_norm", "add_rms_norm", "rms_norm_backward",
-                         "gated_act", "gated_act_backward", "gated_mlp"}) {
+                         "gated_act", "gated_act_backward", "gated_act_backward_",
+                         "gated_mlp"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&no_cuda_kernels>());
   }
 }

@@ -2,6 +2,8 @@
 
 #include "validation.h"
 
+#include <ATen/MemoryOverlap.h>
+
 #include <cmath>
 #include <string>
 #include <utility>
@@ -140,8 +142,8 @@ void check_gate_up_arg(const char* op, const at::Tensor& gate_up) {
               shape_string(gate_up.sizes()));
 }
 
-void check_gated_act_backward_args(const at::Tensor& grad_output, const at::Tensor& gate_up) {
-  const char* op = "gated_act_backward";
+void check_gated_act_backward_args(const at::Tensor& grad_output, const at::Tensor& gate_up,
+                                   const char* op) {
   check_gate_up_arg(op, gate_up);
   check_same_dtype(op, "grad_output", grad_output, "gate_up", gate_up);
   check_same_device(op, "grad_output", grad_output, "gate_up", gate_up);
@@ -151,6 +153,18 @@ void check_gated_act_backward_args(const at::Tensor& grad_output, const at::Tens
               ": argument 'grad_output' must have shape ", shape_string(shape),
               " (that of 'gate_up' with the last dimension halved), got ",
               shape_string(grad_output.sizes()));
+}
+
+void check_gate_up_writable(const char* op, const at::Tensor& gate_up,
+                            const at::Tensor& grad_output) {
+  TORCH_CHECK(gate_up.is_contiguous(), "cutlass_nn.", op,
+              ": argument 'gate_up' must be contiguous (it is written in place), got strides ",
+              shape_string(gate_up.strides()));
+  const auto overlap = at::get_overlap_status(gate_up, grad_output);
+  TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
+              "cutlass_nn.", op,
+              ": argument 'grad_output' must not share memory with 'gate_up' (which is written "
+              "in place)");
 }
 
 void check_gated_mlp_args(const at::Tensor& input, const at::Tensor& gate_weight,

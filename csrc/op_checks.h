@@ -33,8 +33,15 @@ kernels::Activation parse_gated_activation(const char* op, c10::string_view acti
 // gated_act / gated_act_backward's gate_up [*, 2n]: a floating tensor with an even last dim.
 void check_gate_up_arg(const char* op, const at::Tensor& gate_up);
 
-// gated_act_backward(grad_output [*, n], gate_up [*, 2n]): same dtype and device.
-void check_gated_act_backward_args(const at::Tensor& grad_output, const at::Tensor& gate_up);
+// gated_act_backward / gated_act_backward_ (`op`)(grad_output [*, n], gate_up [*, 2n]): same
+// dtype and device.
+void check_gated_act_backward_args(const at::Tensor& grad_output, const at::Tensor& gate_up,
+                                   const char* op = "gated_act_backward");
+
+// gated_act_backward_ writes over gate_up: it must be contiguous and must not overlap
+// grad_output.
+void check_gate_up_writable(const char* op, const at::Tensor& gate_up,
+                            const at::Tensor& grad_output);
 
 // gated_mlp(input [*, in], gate_weight [n, in], up_weight [n, in], down_weight [out, n],
 // gate_bias [n]?, up_bias [n]? (both or neither), down_bias [out]?): one dtype, one device.

@@ -213,6 +213,10 @@ TORCH_LIBRARY(cutlass_nn, m) {
       "gated_act_backward(Tensor grad_output, Tensor gate_up, str activation) -> "
       "(Tensor, Tensor)",
       tags);
+  // The same, writing grad_gate_up over gate_up (contiguous) and returning out: the gated MLP's
+  // backward uses it on its own saved gate+up output when no second backward can read that.
+  m.def("gated_act_backward_(Tensor grad_output, Tensor(a!) gate_up, str activation) -> Tensor",
+        tags);
   // Gated MLP: down(act(gate(x)) * up(x)) with gate, up [n, in] and down [out, n] (biases
   // optional; gate_bias and up_bias both or neither). The gate and up projections run as one
   // GEMM (zero-copy when up_weight directly follows gate_weight in one storage, as

@@ -192,6 +192,13 @@ def gated_act_backward(
     return _ops.gated_act_backward.default(grad_output, gate_up, activation)
 
 
+def gated_act_backward_(grad_output: Tensor, gate_up: Tensor, activation: str = "silu") -> Tensor:
+    """:func:`gated_act_backward` writing ``grad_gate_up`` over ``gate_up`` (which must be
+    contiguous and not share memory with ``grad_output``); returns ``out``. What the gated
+    MLP's backward runs on its own saved gate+up output when the graph is not kept."""
+    return _ops.gated_act_backward_.default(grad_output, gate_up, activation)
+
+
 def gated_mlp(
     input: Tensor,
     gate_weight: Tensor,
@@ -538,6 +545,12 @@ def _gated_act_backward_fake(grad_output, gate_up, activation):
         f"dimension halved), got {list(grad_output.shape)}",
     )
     return torch.empty_like(gate_up, memory_format=torch.contiguous_format), gate_up.new_empty(shape)
+
+
+@torch.library.register_fake("cutlass_nn::gated_act_backward_")
+def _gated_act_backward_inplace_fake(grad_output, gate_up, activation):
+    _, out = _gated_act_backward_fake(grad_output, gate_up, activation)
+    return out
 
 
 def _fake_bias(op: str, name: str, bias: Tensor | None, size, ref: Tensor) -> None:

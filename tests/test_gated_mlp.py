@@ -1158,3 +1158,47 @@ def test_save_pretrained_of_a_converted_model_round_trips(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=ids).logits, stock(input_ids=ids).logits,
                                    rtol=1e-5, atol=1e-5)
+
+
+def _gated_kernels_run(fn):
+    """Names of the gated-activation operators ``fn`` runs (CPU profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events() if e.name.startswith("cutlass_nn::gated_act")}
+
+
+def test_backward_overwrites_its_saved_output_only_when_the_graph_is_not_kept():
+    torch.manual_seed(0)
+    args = [torch.randn(s, requires_grad=True) for s in ((5, 6), (4, 6), (4, 6), (3, 4))]
+    y = ops.gated_mlp(*args)
+    # one backward: the in-place form (its gradient written over the saved gate+up output)
+    assert _gated_kernels_run(lambda: y.sum().backward()) == {"cutlass_nn::gated_act_backward_"}
+    once = [a.grad.clone() for a in args]
+    for a in args:
+        a.grad = None
+    y = ops.gated_mlp(*args)
+    # retain_graph: the saved output must survive, so the out-of-place form runs ...
+    assert _gated_kernels_run(lambda: y.sum().backward(retain_graph=True)) == {
+        "cutlass_nn::gated_act_backward"
+    }
+    y.sum().backward()  # ... and a second backward through the same graph sees it intact
+    for a, g in zip(args, once):
+        torch.testing.assert_close(a.grad, 2 * g)
+
+
+def test_inplace_backward_operator_matches_the_out_of_place_one():
+    gen = torch.Generator().manual_seed(3)
+    gate_up = torch.randn(7, 10, generator=gen)
+    grad = torch.randn(7, 5, generator=gen)
+    want_grad, want_out = ops.gated_act_backward(grad, gate_up, "gelu_tanh")
+    buf = gate_up.clone()
+    out = ops.gated_act_backward_(grad, buf, "gelu_tanh")
+    assert torch.equal(buf, want_grad) and torch.equal(out, want_out)
+    with pytest.raises(RuntimeError, match="cutlass_nn.gated_act_backward_: argument 'gate_up' must be contiguous"):
+        ops.gated_act_backward_(grad, gate_up.t().contiguous().t(), "silu")
+    shared = torch.randn(7 * 15)
+    with pytest.raises(RuntimeError, match="cutlass_nn.gated_act_backward_: argument 'grad_output' must not share"):
+        ops.gated_act_backward_(shared[:35].view(7, 5), shared[:70].view(7, 10), "silu")
+    torch.library.opcheck(ops.gated_act_backward_.default, (grad, gate_up.clone(), "silu"))

@@ -43,7 +43,9 @@
 // straight to the kernel below autograd, so inference and the backward's own calls pay for no
 // Function object.
 #include <ATen/ATen.h>
+#include <ATen/TensorSubclassLikeUtils.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
 #include <string>
@@ -484,14 +486,26 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
     at::Tensor grad_gate_up, hidden;
     if (need_gate_up_side) {
       const at::Tensor grad_hidden = cutlass_nn::linear_dgrad(grad_out, down_weight);
-      std::tie(grad_gate_up, hidden) =
-          create_graph ? gated_act_backward_aten(grad_hidden, gate_up,
-                                                 parse_gated_activation("gated_mlp", activation))
-                       : cutlass_nn::gated_act_backward(grad_hidden, gate_up, activation);
+      if (create_graph) {
+        std::tie(grad_gate_up, hidden) = gated_act_backward_aten(
+            grad_hidden, gate_up, parse_gated_activation("gated_mlp", activation));
+      } else if (!torch::autograd::get_current_graph_task_keep_graph() &&
+                 !at::isTensorSubclassLike(gate_up) && gate_up.is_contiguous()) {
+        // This backward reads the saved gate+up output for the last time, and no later
+        // backward can (the graph is not kept): its gradient is written over it, so the
+        // backward holds one [*, 2n] buffer instead of two. (Traced tensors take the
+        // out-of-place form, which tracing expresses without a mutation.)
+        hidden = cutlass_nn::gated_act_backward_(grad_hidden, gate_up, activation);
+        grad_gate_up = gate_up;
+      } else {
+        std::tie(grad_gate_up, hidden) =
+            cutlass_nn::gated_act_backward(grad_hidden, gate_up, activation);
+      }
     } else {
       hidden = cutlass_nn::gated_act(gate_up, activation);
     }
     if (need(3)) grads[3] = cutlass_nn::linear_wgrad(grad_out, hidden);
+    hidden.reset();  // no longer needed: free it before the gate+up GEMMs allocate theirs
     if (has_down_bias && need(6)) grads[6] = cutlass_nn::bias_grad(grad_out);
     if (!need_gate_up_side) return grads;
 

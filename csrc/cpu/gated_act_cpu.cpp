@@ -26,11 +26,23 @@ std::tuple<at::Tensor, at::Tensor> gated_act_backward_cpu(const at::Tensor& grad
                                  parse_gated_activation("gated_act_backward", activation));
 }
 
+at::Tensor gated_act_backward_inplace_cpu(const at::Tensor& grad_output, const at::Tensor& gate_up,
+                                         c10::string_view activation) {
+  const char* op = "gated_act_backward_";
+  check_gated_act_backward_args(grad_output, gate_up, op);
+  check_gate_up_writable(op, gate_up, grad_output);
+  auto [grad_gate_up, out] =
+      gated_act_backward_aten(grad_output, gate_up, parse_gated_activation(op, activation));
+  gate_up.copy_(grad_gate_up);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_nn, CPU, m) {
   m.impl("gated_act", &gated_act_cpu);
   m.impl("gated_act_backward", &gated_act_backward_cpu);
+  m.impl("gated_act_backward_", &gated_act_backward_inplace_cpu);
   m.impl("gated_mlp", &gated_mlp_composite);
 }
 

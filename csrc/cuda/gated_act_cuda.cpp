@@ -71,11 +71,34 @@ std::tuple<at::Tensor, at::Tensor> gated_act_backward_cuda(const at::Tensor& gra
   return {grad_gate_up, out};
 }
 
+at::Tensor gated_act_backward_inplace_cuda(const at::Tensor& grad_output, const at::Tensor& gate_up,
+                                          c10::string_view activation) {
+  const char* op = "gated_act_backward_";
+  check_gated_act_backward_args(grad_output, gate_up, op);
+  check_gate_up_writable(op, gate_up, grad_output);
+  const kernels::Activation act = parse_gated_activation(op, activation);
+  c10::cuda::CUDAGuard guard(gate_up.device());
+  const at::Tensor grad_output_c = grad_output.contiguous();
+  at::Tensor out = empty_output(halved_last(gate_up), gate_up.options());
+  const int64_t n = out.size(-1);
+  const int64_t rows = n == 0 ? 0 : out.numel() / n;
+  const int device = gate_up.get_device();
+  check_launch(op,
+               kernels::launch_gated_act_backward(
+                   kernel_dtype(gate_up.scalar_type()), act, grad_output_c.const_data_ptr(),
+                   gate_up.const_data_ptr(), gate_up.data_ptr(), out.data_ptr(), rows, n,
+                   device_info(device).multiprocessors,
+                   c10::cuda::getCurrentCUDAStream(device).stream()),
+               gate_up);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
   m.impl("gated_act", &gated_act_cuda);
   m.impl("gated_act_backward", &gated_act_backward_cuda);
+  m.impl("gated_act_backward_", &gated_act_backward_inplace_cuda);
   m.impl("gated_mlp", &gated_mlp_composite);
 }
 

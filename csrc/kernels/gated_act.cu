@@ -78,10 +78,12 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// grad_gate_up may be gate_up itself (in place): every element is read and then written by the
+// same thread, and no other thread touches it, hence no __restrict__ on those two.
 template <typename T, Activation A, bool kVec>
 __global__ void __launch_bounds__(kMaxThreads)
-    gated_backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ gate_up,
-                          T* __restrict__ grad_gate_up, T* __restrict__ out, int64_t rows,
+    gated_backward_kernel(const T* __restrict__ grad_out, const T* gate_up, T* grad_gate_up,
+                          T* __restrict__ out, int64_t rows,
                           int64_t n, int64_t chunks) {
   using Acc = typename AccType<T>::type;
   constexpr int kN = Chunk<T, kVec>::kN;

@@ -29,7 +29,8 @@ cudaError_t launch_gated_act_forward(DType dtype, Activation act, const void* ga
 // grad_gate_up [rows, 2n] from grad_out [rows, n] and gate_up [rows, 2n] in one pass, and, when
 // out != nullptr, the recomputed forward out [rows, n] from the same loads (the backward of the
 // gated MLP needs it for the down projection's weight gradient). All contiguous, of `dtype`; the
-// outputs do not overlap the inputs or each other.
+// outputs do not overlap the inputs or each other, except that grad_gate_up may be gate_up
+// itself (in place).
 cudaError_t launch_gated_act_backward(DType dtype, Activation act, const void* grad_out,
                                       const void* gate_up, void* grad_gate_up, void* out,
                                       int64_t rows, int64_t n, int multiprocessors,

@@ -167,6 +167,15 @@ inline std::tuple<at::Tensor, at::Tensor> gated_act_backward(const at::Tensor& g
   return op.call(grad_output, gate_up, activation);
 }
 
+// gated_act_backward writing grad_gate_up over gate_up (contiguous); returns out.
+inline at::Tensor gated_act_backward_(const at::Tensor& grad_output, const at::Tensor& gate_up,
+                                      c10::string_view activation) {
+  static const auto op = detail::find_op<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                                    c10::string_view)>(
+      "cutlass_nn::gated_act_backward_");
+  return op.call(grad_output, gate_up, activation);
+}
+
 // down(act(gate(input)) * up(input)): gate_weight, up_weight [n, in], down_weight [out, n];
 // biases optional (gate_bias and up_bias both or neither). Differentiable.
 inline at::Tensor gated_mlp(const at::Tensor& input, const at::Tensor& gate_weight,
