@@ -44,6 +44,33 @@ def test_model_row_on_cpu(family):
     assert row["ratio"] == pytest.approx(row["stock"]["step_ms"] / row["cutlass_nn"]["step_ms"])
 
 
+def test_fused_llama_row_on_cpu():
+    """--fuse-norm --fuse-mlp: the Llama row trains with the fused modules and agrees with stock."""
+    row = bench_models.run_row(
+        bench_models.RowSpec("llama", "host", "eager"),
+        steps=2,
+        block=1,
+        warmup=1,
+        device="cpu",
+        dtype=torch.float32,
+        sizes=TINY,
+        fuse_norm=True,
+        fuse_mlp=True,
+    )
+    assert row["status"] == "ok", row.get("traceback")
+    assert row["loss"]["max_abs_diff"] < 1e-3
+    args = bench_models.parse_args(["--fuse-mlp", "--fuse-norm"])
+    assert args.fuse_mlp and args.fuse_norm
+
+
+def test_fused_bench_arguments():
+    from cutlass_nn.bench import fused
+
+    assert fused.parse_args([]).cases == ["norm"]
+    assert fused.parse_args(["--cases", "norm,mlp"]).cases == ["norm", "mlp"]
+    assert fused.llama_intermediate(4096) == 11008 and fused.llama_intermediate(1024) == 2816
+
+
 def test_converted_model_runs_cutlass_ops():
     """The converted side runs the cutlass_nn operators (a profiler sees them)."""
     model = bench_models.build_model("llama", TINY["host"])
