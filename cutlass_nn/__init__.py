@@ -10,9 +10,11 @@ Public API:
 * :func:`convert` -- swap the ``nn.Linear`` layers of a model for ``CutlassLinear`` (and, with
   ``fuse_norm=True``, its RMSNorms for ``RMSNorm``; with ``fuse_mlp=True``, its gated MLPs for
   ``GatedMLP``).
+* :class:`LinearCrossEntropyLoss` / :func:`linear_cross_entropy` -- a language-model head's
+  linear + cross-entropy without the ``[tokens, vocab]`` logits.
 * :func:`mm` -- drop-in for ``torch.mm`` (``out=`` included).
 * :mod:`cutlass_nn.functional` -- ``linear``, ``mm``, ``add2``, ``rms_norm``, ``add_rms_norm``,
-  ``gated_act``, ``gated_mlp``.
+  ``gated_act``, ``gated_mlp``, ``linear_cross_entropy``.
 * :mod:`cutlass_nn.ops` -- the raw operators (also reachable as ``torch.ops.cutlass_nn.*``).
 * :mod:`cutlass_nn.autotune` -- opt-in per-shape tuning of the GEMM kernel configuration.
 """
@@ -21,8 +23,23 @@ from cutlass_nn._version import __version__
 from cutlass_nn import ops  # loads the extension and registers fake / autograd implementations
 from cutlass_nn import functional
 from cutlass_nn import autotune
-from cutlass_nn.functional import add2, add_rms_norm, gated_mlp, linear, mm, rms_norm
-from cutlass_nn.modules import Add2, AddRMSNorm, CutlassLinear, GatedMLP, RMSNorm
+from cutlass_nn.functional import (
+    add2,
+    add_rms_norm,
+    gated_mlp,
+    linear,
+    linear_cross_entropy,
+    mm,
+    rms_norm,
+)
+from cutlass_nn.modules import (
+    Add2,
+    AddRMSNorm,
+    CutlassLinear,
+    GatedMLP,
+    LinearCrossEntropyLoss,
+    RMSNorm,
+)
 from cutlass_nn.convert import convert
 from cutlass_nn._extension import build_info, has_cuda_kernels
 
@@ -32,6 +49,7 @@ __all__ = [
     "AddRMSNorm",
     "CutlassLinear",
     "GatedMLP",
+    "LinearCrossEntropyLoss",
     "RMSNorm",
     "add2",
     "add_rms_norm",
@@ -42,6 +60,7 @@ __all__ = [
     "gated_mlp",
     "has_cuda_kernels",
     "linear",
+    "linear_cross_entropy",
     "mm",
     "ops",
     "rms_norm",

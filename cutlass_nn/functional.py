@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from cutlass_nn import ops
+from cutlass_nn.linear_cross_entropy import linear_cross_entropy
 
 # The operator overloads themselves: a call is one dispatcher call (autocast, autograd and the
 # kernel all run in C++), and torch.compile traces them as the custom ops they are.
@@ -22,7 +23,16 @@ _add_rms_norm = torch.ops.cutlass_nn.add_rms_norm.default
 _gated_act = torch.ops.cutlass_nn.gated_act.default
 _gated_mlp = torch.ops.cutlass_nn.gated_mlp.default
 
-__all__ = ["linear", "mm", "add2", "rms_norm", "add_rms_norm", "gated_act", "gated_mlp"]
+__all__ = [
+    "linear",
+    "mm",
+    "add2",
+    "rms_norm",
+    "add_rms_norm",
+    "gated_act",
+    "gated_mlp",
+    "linear_cross_entropy",
+]
 
 
 def linear(

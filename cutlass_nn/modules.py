@@ -17,7 +17,14 @@ _rms_norm = torch.ops.cutlass_nn.rms_norm.default
 _add_rms_norm = torch.ops.cutlass_nn.add_rms_norm.default
 _gated_mlp = torch.ops.cutlass_nn.gated_mlp.default
 
-__all__ = ["CutlassLinear", "Add2", "RMSNorm", "AddRMSNorm", "GatedMLP"]
+__all__ = [
+    "CutlassLinear",
+    "Add2",
+    "RMSNorm",
+    "AddRMSNorm",
+    "GatedMLP",
+    "LinearCrossEntropyLoss",
+]
 
 
 def _check_activation(where: str, activation) -> str | None:
@@ -579,3 +586,56 @@ class GatedMLP(nn.Module):
         layer._pack_gate_up()
         layer.register_load_state_dict_post_hook(_repack_after_load)
         return layer
+
+
+class LinearCrossEntropyLoss(nn.Module):
+    """The loss of a language-model head, ``F.cross_entropy(F.linear(hidden, weight, bias),
+    target)``, without the ``[tokens, vocab]`` logits
+    (:func:`cutlass_nn.functional.linear_cross_entropy`): ``forward(hidden, weight, target,
+    bias=None)``. The head's weight is passed in (e.g. ``model.lm_head.weight``), so the
+    module holds no parameters and the model's ``state_dict`` is unchanged.
+
+    Args:
+        ignore_index, reduction, label_smoothing: as for ``nn.CrossEntropyLoss``.
+        chunk_size: tokens per chunk (None: about 256 MiB of float32 logits per chunk).
+    """
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        from cutlass_nn.linear_cross_entropy import REDUCTIONS
+
+        if reduction not in REDUCTIONS:
+            raise ValueError(
+                "cutlass_nn.LinearCrossEntropyLoss: argument 'reduction' must be one of "
+                f"{', '.join(map(repr, REDUCTIONS))}, got {reduction!r}"
+            )
+        self.ignore_index = int(ignore_index)
+        self.reduction = reduction
+        self.label_smoothing = float(label_smoothing)
+        self.chunk_size = chunk_size
+
+    def forward(
+        self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None
+    ) -> Tensor:
+        return F.linear_cross_entropy(
+            hidden,
+            weight,
+            target,
+            bias,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+            chunk_size=self.chunk_size,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+            f"label_smoothing={self.label_smoothing}, chunk_size={self.chunk_size}"
+        )

@@ -68,6 +68,10 @@ def test_fused_bench_arguments():
 
     assert fused.parse_args([]).cases == ["norm"]
     assert fused.parse_args(["--cases", "norm,mlp"]).cases == ["norm", "mlp"]
+    assert fused.parse_args(["--cases", "head", "--vocab", "1000"]).vocab == 1000
+    row = {"case": "linear_cross_entropy fwd+bwd", "tokens": 8, "hidden": 4, "intermediate": 10,
+           "ms": {"ours": 1.0, "unfused": 2.0}, "memory_ratio": {"unfused": 0.2}, "loss_rel_diff": 0.0}
+    assert "| 0.50 | 0.20 |" in fused.format_head_rows([row])[-1]
     assert fused.llama_intermediate(4096) == 11008 and fused.llama_intermediate(1024) == 2816
 
 

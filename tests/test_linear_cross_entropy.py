@@ -1,0 +1,201 @@
+"""linear_cross_entropy / LinearCrossEntropyLoss on the CPU backend: against
+F.cross_entropy(F.linear(...)) in float64 (every reduction, label smoothing, ignore_index,
+biases, chunkings that do and do not divide the token count), gradients of each argument,
+the edge cases torch defines (every token ignored, no tokens), out-of-range targets (NaN, no
+fault), argument errors, lower-precision dtypes, autocast, torch.compile, and a transformers
+causal LM's loss. The GPU side runs in tests/test_cuda_linear_cross_entropy.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import cutlass_nn
+from cutlass_nn import functional as F
+
+
+def reference(h, w, t, b=None, **kw):
+    logits = TF.linear(h, w, b)
+    out = TF.cross_entropy(logits.reshape(-1, w.shape[0]), t.reshape(-1), **kw)
+    return out.reshape(t.shape) if kw.get("reduction") == "none" else out
+
+
+def make(gen, shape=(2, 7), hidden=16, vocab=50, dtype=torch.float64, bias=True):
+    h = torch.randn(*shape, hidden, generator=gen, dtype=dtype).requires_grad_()
+    w = (torch.randn(vocab, hidden, generator=gen, dtype=dtype) * hidden ** -0.5).requires_grad_()
+    b = torch.randn(vocab, generator=gen, dtype=dtype).requires_grad_() if bias else None
+    t = torch.randint(0, vocab, shape, generator=gen)
+    return h, w, b, t
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 3, 14, 100])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_matches_unfused_in_float64(reduction, smoothing, chunk, bias):
+    gen = torch.Generator().manual_seed(7)
+    h, w, b, t = make(gen, bias=bias)
+    t[0, 2] = t[1, 5] = -100
+    kw = dict(reduction=reduction, label_smoothing=smoothing)
+    ref = reference(h, w, t, b, **kw)
+    got = F.linear_cross_entropy(h, w, t, b, chunk_size=chunk, **kw)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn(ref.shape, generator=gen, dtype=ref.dtype)
+    args = (h, w) + ((b,) if bias else ())
+    for got_grad, ref_grad in zip(torch.autograd.grad(got, args, g), torch.autograd.grad(ref, args, g)):
+        torch.testing.assert_close(got_grad, ref_grad, rtol=1e-10, atol=1e-12)
+
+
+def test_gradients_only_where_asked():
+    gen = torch.Generator().manual_seed(1)
+    h, w, b, t = make(gen)
+    w.requires_grad_(False)
+    loss = F.linear_cross_entropy(h, w, t, b)
+    loss.backward()
+    assert h.grad is not None and b.grad is not None and w.grad is None
+    with torch.no_grad():
+        torch.testing.assert_close(F.linear_cross_entropy(h, w, t, b), reference(h, w, t, b))
+
+
+def test_gradcheck():
+    gen = torch.Generator().manual_seed(2)
+    h, w, b, t = make(gen, shape=(5,), hidden=4, vocab=6)
+    t[1] = -100
+    for red in ("mean", "sum", "none"):
+        assert torch.autograd.gradcheck(
+            lambda h, w, b: F.linear_cross_entropy(h, w, t, b, reduction=red, label_smoothing=0.1,
+                                                   chunk_size=2),
+            (h, w, b),
+        )
+
+
+def test_torch_edge_cases():
+    gen = torch.Generator().manual_seed(3)
+    h, w, b, t = make(gen)
+    t.fill_(-100)  # every token ignored: mean is NaN (0 / 0), the gradients are 0
+    loss = F.linear_cross_entropy(h, w, t, b)
+    assert torch.isnan(loss) and torch.isnan(reference(h, w, t, b))
+    loss.backward()
+    assert h.grad.abs().max() == 0 and w.grad.abs().max() == 0
+    assert F.linear_cross_entropy(h, w, t, b, reduction="sum") == 0
+    empty_h = torch.randn(0, 16, dtype=torch.float64, requires_grad=True)
+    empty_t = torch.zeros(0, dtype=torch.long)
+    assert F.linear_cross_entropy(empty_h, w, empty_t, reduction="none").shape == (0,)
+    assert torch.isnan(F.linear_cross_entropy(empty_h, w, empty_t))
+    # an ignore_index inside the vocabulary is ignored all the same
+    h2, w2, _, t2 = make(gen, bias=False)
+    t2[0, 0] = 3
+    torch.testing.assert_close(F.linear_cross_entropy(h2, w2, t2, ignore_index=3),
+                               reference(h2, w2, t2, ignore_index=3))
+
+
+def test_out_of_range_target_gives_nan_for_its_token_only():
+    gen = torch.Generator().manual_seed(4)
+    h, w, b, t = make(gen)
+    t[0, 1] = 50  # == vocab
+    t[1, 0] = -5
+    per_token = F.linear_cross_entropy(h, w, t, b, reduction="none")
+    assert torch.isnan(per_token[0, 1]) and torch.isnan(per_token[1, 0])
+    assert torch.isfinite(per_token[0, 0]) and torch.isnan(F.linear_cross_entropy(h, w, t, b))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)], ids=str)
+def test_lower_precision_dtypes(dtype, tol):
+    gen = torch.Generator().manual_seed(5)
+    h, w, b, t = make(gen, shape=(64,), hidden=32, vocab=300, dtype=dtype, bias=False)
+    got = F.linear_cross_entropy(h, w, t, chunk_size=10)
+    assert got.dtype == dtype
+    h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = reference(h64, w64, t)
+    assert abs(got.item() - ref.item()) <= tol * abs(ref.item())
+    gh, gw = torch.autograd.grad(got, (h, w))
+    rh, rw = torch.autograd.grad(ref, (h64, w64))
+    assert gh.dtype == dtype and gw.dtype == dtype
+    for got_g, ref_g in ((gh, rh), (gw, rw)):
+        assert (got_g.double() - ref_g).abs().max() <= 2 * tol * ref_g.abs().max()
+
+
+def test_autocast_casts_float32_arguments():
+    gen = torch.Generator().manual_seed(6)
+    h, w, b, t = make(gen, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = F.linear_cross_entropy(h, w, t, b)
+    assert loss.dtype == torch.bfloat16
+    loss.float().backward()
+    assert h.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(reduction="avg"), "argument 'reduction' must be one of"),
+        (dict(label_smoothing=1.5), "argument 'label_smoothing' must be in"),
+        (dict(chunk_size=0), "argument 'chunk_size' must be None or a positive int"),
+    ],
+)
+def test_bad_options(kwargs, match):
+    gen = torch.Generator().manual_seed(8)
+    h, w, b, t = make(gen)
+    with pytest.raises(ValueError, match="cutlass_nn.linear_cross_entropy: " + match):
+        F.linear_cross_entropy(h, w, t, b, **kwargs)
+
+
+def test_bad_tensors_name_the_argument():
+    gen = torch.Generator().manual_seed(9)
+    h, w, b, t = make(gen)
+    cases = [
+        ((h, w[:, :5], t), "argument 'weight' must have shape"),
+        ((h, w.float(), t), "argument 'weight' must have the dtype"),
+        ((h, w, t.int()), "argument 'target' must be an int64"),
+        ((h, w, t[:1]), "argument 'target' must have the leading shape"),
+        ((h.long(), w, t), "argument 'hidden' must have a floating dtype"),
+        ((h, w, t, b[:3]), "argument 'bias' must be None or a tensor of shape"),
+    ]
+    for args, match in cases:
+        with pytest.raises(ValueError, match=match):
+            F.linear_cross_entropy(*args)
+
+
+def test_module_form():
+    gen = torch.Generator().manual_seed(10)
+    h, w, b, t = make(gen)
+    loss_fn = cutlass_nn.LinearCrossEntropyLoss(reduction="sum", label_smoothing=0.1, chunk_size=4)
+    assert "reduction='sum'" in repr(loss_fn) and not list(loss_fn.parameters())
+    torch.testing.assert_close(loss_fn(h, w, t, b),
+                               reference(h, w, t, b, reduction="sum", label_smoothing=0.1))
+    with pytest.raises(ValueError, match="LinearCrossEntropyLoss: argument 'reduction'"):
+        cutlass_nn.LinearCrossEntropyLoss(reduction="avg")
+
+
+def test_compile_matches_eager():
+    gen = torch.Generator().manual_seed(11)
+    h, w, b, t = make(gen, dtype=torch.float32)
+
+    def f(h, w, b):
+        return F.linear_cross_entropy(h, w, t, b, chunk_size=5)
+
+    eager = f(h, w, b)
+    ge = torch.autograd.grad(eager, (h, w, b))
+    compiled = torch.compile(f, backend="aot_eager")(h, w, b)
+    gc = torch.autograd.grad(compiled, (h, w, b))
+    torch.testing.assert_close(compiled, eager)
+    for a, c in zip(ge, gc):
+        torch.testing.assert_close(a, c)
+
+
+def test_with_a_transformers_causal_lm():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=300)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    ids = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(1))
+    stock = model(input_ids=ids, labels=ids).loss
+    hidden = model.model(input_ids=ids).last_hidden_state
+    ours = F.linear_cross_entropy(hidden[:, :-1], model.lm_head.weight, ids[:, 1:], chunk_size=7)
+    torch.testing.assert_close(ours, stock, rtol=1e-5, atol=1e-6)
+    (g_stock,) = torch.autograd.grad(stock, model.lm_head.weight)
+    (g_ours,) = torch.autograd.grad(ours, model.lm_head.weight)
+    torch.testing.assert_close(g_ours, g_stock, rtol=1e-4, atol=1e-6)
