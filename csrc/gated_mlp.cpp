@@ -11,8 +11,9 @@ namespace {
 
 bool defined(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
-// Whether up's rows directly follow gate's in one storage, so that [gate; up] is a plain view.
-bool adjacent_rows(const at::Tensor& gate, const at::Tensor& up) {
+}  // namespace
+
+bool gate_up_adjacent(const at::Tensor& gate, const at::Tensor& up) {
   if (at::isTensorSubclassLike(gate) || at::isTensorSubclassLike(up)) return false;
   if (!gate.has_storage() || !up.has_storage()) return false;
   return gate.dim() == 2 && gate.sizes() == up.sizes() && gate.dtype() == up.dtype() &&
@@ -21,10 +22,8 @@ bool adjacent_rows(const at::Tensor& gate, const at::Tensor& up) {
          up.storage_offset() == gate.storage_offset() + gate.numel();
 }
 
-}  // namespace
-
 at::Tensor gate_up_weight(const at::Tensor& gate_weight, const at::Tensor& up_weight) {
-  if (adjacent_rows(gate_weight, up_weight)) {
+  if (gate_up_adjacent(gate_weight, up_weight)) {
     return gate_weight.as_strided({2 * gate_weight.size(0), gate_weight.size(1)},
                                   {gate_weight.size(1), 1}, gate_weight.storage_offset());
   }

@@ -18,6 +18,10 @@ namespace cutlass_nn {
 // the concatenation, which tracing can express.
 at::Tensor gate_up_weight(const at::Tensor& gate_weight, const at::Tensor& up_weight);
 
+// Whether up_weight's rows directly follow gate_weight's in one storage (both contiguous, same
+// shape, dtype and device; never for traced tensors): the case gate_up_weight serves as a view.
+bool gate_up_adjacent(const at::Tensor& gate_weight, const at::Tensor& up_weight);
+
 // gate_bias and up_bias concatenated ([2n]), or nullopt when there are none.
 std::optional<at::Tensor> gate_up_bias(const std::optional<at::Tensor>& gate_bias,
                                        const std::optional<at::Tensor>& up_bias);

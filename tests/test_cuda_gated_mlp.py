@@ -266,6 +266,15 @@ def test_autocast_runs_in_bfloat16_with_float32_gradients():
     assert y.dtype == torch.bfloat16
     y.float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in mlp.parameters())
+    # the packed weights are cast into one buffer; separate weights take cached casts and a
+    # concatenation: the same numbers either way
+    sep = [p.detach().clone().requires_grad_() for p in
+           (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y_sep = ops.gated_mlp(x, *sep)
+    y_sep.float().sum().backward()
+    assert torch.equal(y, y_sep)
+    assert torch.equal(mlp.gate_proj.weight.grad, sep[0].grad)
 
 
 def test_converted_llama_trains_like_stock_in_bfloat16():

@@ -1202,3 +1202,25 @@ def test_inplace_backward_operator_matches_the_out_of_place_one():
     with pytest.raises(RuntimeError, match="cutlass_nn.gated_act_backward_: argument 'grad_output' must not share"):
         ops.gated_act_backward_(shared[:35].view(7, 5), shared[:70].view(7, 10), "silu")
     torch.library.opcheck(ops.gated_act_backward_.default, (grad, gate_up.clone(), "silu"))
+
+
+def test_autocast_casts_packed_weights_into_one_buffer_without_a_concatenation():
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    mlp = cutlass_nn.GatedMLP(32, 48)
+    x = torch.randn(5, 32)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = mlp(x)
+    assert "aten::cat" not in {e.name for e in prof.events()}
+    y.float().sum().backward()
+    # the same weights as three separate tensors: cached casts and a concatenation per call
+    sep = [p.detach().clone().requires_grad_() for p in
+           (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_sep = ops.gated_mlp(x, *sep)
+    y_sep.float().sum().backward()
+    assert torch.equal(y, y_sep)
+    for p, s in zip((mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight), sep):
+        assert p.grad.dtype == torch.float32 and torch.equal(p.grad, s.grad)

@@ -13,7 +13,9 @@
 #include <torch/library.h>
 
 #include <tuple>
+#include <utility>
 
+#include "../gated_mlp.h"
 #include "../include/cutlass_nn/ops.h"
 
 namespace cutlass_nn {
@@ -66,6 +68,24 @@ at::Tensor mm_autocast(const at::Tensor& a, const at::Tensor& b) {
   return cutlass_nn::mm(scope.cast(a), scope.cast(b));
 }
 
+// The autocast copies of packed gate and up weights (cutlass_nn.GatedMLP keeps them as the two
+// halves of one buffer): cast together into the two halves of one low-precision buffer, so the
+// gated_mlp kernel still reads them as one GEMM operand without a concatenation. The copies are
+// ordinary differentiable in-place copies into views, so gradients reach the float32 weights.
+// Anything else (not adjacent, not a cast autocast would make, traced tensors): cached_cast each.
+template <c10::DeviceType Device>
+std::pair<at::Tensor, at::Tensor> cast_gate_up(const AutocastScope<Device>& scope,
+                                               const at::Tensor& gate, const at::Tensor& up) {
+  const bool castable = gate.is_floating_point() && gate.scalar_type() != at::kDouble &&
+                        gate.scalar_type() != scope.dtype && gate.device().type() == Device;
+  if (!castable || !gate_up_adjacent(gate, up)) return {scope.cast(gate), scope.cast(up)};
+  const int64_t n = gate.size(0);
+  at::Tensor packed = at::empty({2 * n, gate.size(1)}, gate.options().dtype(scope.dtype));
+  packed.narrow(0, 0, n).copy_(gate);
+  packed.narrow(0, n, n).copy_(up);
+  return {packed.narrow(0, 0, n), packed.narrow(0, n, n)};
+}
+
 template <c10::DeviceType Device>
 at::Tensor gated_mlp_autocast(const at::Tensor& input, const at::Tensor& gate_weight,
                               const at::Tensor& up_weight, const at::Tensor& down_weight,
@@ -74,7 +94,8 @@ at::Tensor gated_mlp_autocast(const at::Tensor& input, const at::Tensor& gate_we
                               const std::optional<at::Tensor>& down_bias,
                               c10::string_view activation) {
   AutocastScope<Device> scope;
-  return cutlass_nn::gated_mlp(scope.cast(input), scope.cast(gate_weight), scope.cast(up_weight),
+  const auto [gate, up] = cast_gate_up(scope, gate_weight, up_weight);
+  return cutlass_nn::gated_mlp(scope.cast(input), gate, up,
                                scope.cast(down_weight), scope.cast(gate_bias),
                                scope.cast(up_bias), scope.cast(down_bias), activation);
 }
