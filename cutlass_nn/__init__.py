@@ -11,7 +11,8 @@ Public API:
   ``fuse_norm=True``, its RMSNorms for ``RMSNorm``; with ``fuse_mlp=True``, its gated MLPs for
   ``GatedMLP``).
 * :class:`LinearCrossEntropyLoss` / :func:`linear_cross_entropy` -- a language-model head's
-  linear + cross-entropy without the ``[tokens, vocab]`` logits.
+  linear + cross-entropy without the ``[tokens, vocab]`` logits; :func:`fuse_lm_head` (or
+  ``convert(..., fuse_head=True)``) -- a ``transformers`` causal LM's training loss through it.
 * :func:`mm` -- drop-in for ``torch.mm`` (``out=`` included).
 * :mod:`cutlass_nn.functional` -- ``linear``, ``mm``, ``add2``, ``rms_norm``, ``add_rms_norm``,
   ``gated_act``, ``gated_mlp``, ``linear_cross_entropy``.
@@ -41,6 +42,7 @@ from cutlass_nn.modules import (
     RMSNorm,
 )
 from cutlass_nn.convert import convert
+from cutlass_nn.fused_head import fuse_lm_head
 from cutlass_nn._extension import build_info, has_cuda_kernels
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "build_info",
     "convert",
     "functional",
+    "fuse_lm_head",
     "gated_mlp",
     "has_cuda_kernels",
     "linear",

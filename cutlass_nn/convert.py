@@ -10,6 +10,7 @@ from typing import Any, Callable
 from torch import nn
 
 from cutlass_nn import autotune
+from cutlass_nn.fused_head import CAUSAL_LMS, can_fuse_lm_head, fuse_lm_head
 from cutlass_nn.modules import (
     CutlassLinear,
     GatedMLP,
@@ -67,6 +68,7 @@ def convert(
     example_inputs: Any = None,
     fuse_norm: bool = False,
     fuse_mlp: bool = False,
+    fuse_head: bool = False,
 ) -> nn.Module:
     """Replace, in place, every submodule whose type is exactly ``nn.Linear`` by a
     ``CutlassLinear`` sharing the same parameters (and, with ``fuse_norm``, every RMSNorm it
@@ -106,6 +108,12 @@ def convert(
             before its projections; an MLP it refuses keeps its class and its ``nn.Linear``
             projections are considered one by one. The projections of a replaced MLP are not
             visited again (they are the GatedMLP's own ``CutlassLinear`` layers).
+        fuse_head: also make a ``transformers`` causal LM (:data:`cutlass_nn.fused_head.CAUSAL_LMS`)
+            compute its training loss with :func:`cutlass_nn.functional.linear_cross_entropy`
+            (:func:`cutlass_nn.fuse_lm_head`: a forward with ``labels`` returns the loss and
+            ``logits=None``, without ever forming the logits; without ``labels`` it is
+            unchanged). Applies to ``module`` itself; a model it does not support is left as is,
+            with a ``UserWarning``. ``filter_fn`` is not asked.
 
     What was converted is logged on the ``cutlass_nn.convert`` logger (INFO).
 
@@ -190,6 +198,16 @@ def convert(
             "(none found, or filter_fn rejected them all)",
             stacklevel=2,
         )
+    if fuse_head:
+        if can_fuse_lm_head(module):
+            fuse_lm_head(module)
+            _log.info("cutlass_nn.convert: %s loss -> linear_cross_entropy", type(module).__name__)
+        else:
+            warnings.warn(
+                f"cutlass_nn.convert: fuse_head: a {type(module).__name__} is not one of the "
+                f"supported causal LMs ({', '.join(sorted(CAUSAL_LMS))}); its head is left as is",
+                stacklevel=2,
+            )
     if example_inputs is not None:
         autotune.tune(module, example_inputs)
     return module

@@ -56,11 +56,12 @@ def test_fused_llama_row_on_cpu():
         sizes=TINY,
         fuse_norm=True,
         fuse_mlp=True,
+        fuse_head=True,
     )
     assert row["status"] == "ok", row.get("traceback")
     assert row["loss"]["max_abs_diff"] < 1e-3
-    args = bench_models.parse_args(["--fuse-mlp", "--fuse-norm"])
-    assert args.fuse_mlp and args.fuse_norm
+    args = bench_models.parse_args(["--fuse-mlp", "--fuse-norm", "--fuse-head"])
+    assert args.fuse_mlp and args.fuse_norm and args.fuse_head
 
 
 def test_fused_bench_arguments():

@@ -305,6 +305,7 @@ def run_row(
     autotune: bool = False,
     fuse_norm: bool = False,
     fuse_mlp: bool = False,
+    fuse_head: bool = False,
 ) -> dict[str, Any]:
     """Stock, then converted, on the same initial weights and batches; never raises (an
     exception is recorded as status "error")."""
@@ -331,7 +332,8 @@ def run_row(
                     return model
                 example = batches[0] if autotune else None
                 return cutlass_nn.convert(model, example_inputs=example, fuse_norm=fuse_norm,
-                                          fuse_mlp=fuse_mlp)
+                                          fuse_mlp=fuse_mlp,
+                                          fuse_head=fuse_head and cutlass_nn.fused_head.can_fuse_lm_head(model))
 
             return build
 
@@ -512,6 +514,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--fuse-mlp", action="store_true",
                    help="convert with fuse_mlp=True: the gated MLPs of the Llama rows run as "
                    "cutlass_nn.GatedMLP (one gate+up GEMM, fused gated activation)")
+    p.add_argument("--fuse-head", action="store_true",
+                   help="convert with fuse_head=True: the Llama rows' loss through "
+                   "linear_cross_entropy (no logits)")
     p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge earlier model-benchmark JSONs into one JSON + PNG (no GPU)")
     return p.parse_args(argv)
@@ -564,6 +569,7 @@ def main(argv: Sequence[str]) -> int:
     meta["autotune"] = bool(args.autotune)
     meta["fuse_norm"] = bool(args.fuse_norm)
     meta["fuse_mlp"] = bool(args.fuse_mlp)
+    meta["fuse_head"] = bool(args.fuse_head)
     specs = plan(args.families, args.sizes, args.modes)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"models_{bench._slug(meta)}_{bench._stamp()}"
@@ -579,7 +585,7 @@ def main(argv: Sequence[str]) -> int:
         else:
             row = run_row(spec, steps=args.steps, block=args.block, warmup=args.warmup,
                           autotune=args.autotune, fuse_norm=args.fuse_norm,
-                          fuse_mlp=args.fuse_mlp)
+                          fuse_mlp=args.fuse_mlp, fuse_head=args.fuse_head)
         results["rows"].append(row)
         _write(json_path, results)
         if row["status"] == "ok":
