@@ -64,6 +64,40 @@ def test_fused_llama_row_on_cpu():
     assert args.fuse_mlp and args.fuse_norm and args.fuse_head
 
 
+def test_liger_side_plumbing_with_a_stand_in(monkeypatch):
+    """--liger: a third side on the Llama rows, built by Liger's patch on the instance, with the
+    module-level names the patch rebinds restored (a stand-in liger_kernel here: the real one
+    needs triton and a GPU)."""
+    import sys
+    import types
+
+    from transformers.models.llama import modeling_llama
+
+    calls = []
+
+    def apply_liger_kernel_to_llama(model=None, **kwargs):
+        calls.append(kwargs)
+        modeling_llama.LlamaRMSNorm = object  # global rebinding, as the real patch does
+        modeling_llama.LlamaForCausalLM.forward = lambda *a, **k: None
+
+    pkg = types.ModuleType("liger_kernel")
+    sub = types.ModuleType("liger_kernel.transformers")
+    sub.apply_liger_kernel_to_llama = apply_liger_kernel_to_llama
+    monkeypatch.setitem(sys.modules, "liger_kernel", pkg)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", sub)
+    norm_cls, forward = modeling_llama.LlamaRMSNorm, modeling_llama.LlamaForCausalLM.forward
+    row = bench_models.run_row(
+        bench_models.RowSpec("llama", "host", "eager"),
+        steps=2, block=1, warmup=1, device="cpu", dtype=torch.float32, sizes=TINY, liger=True,
+    )
+    assert row["status"] == "ok", row.get("traceback")
+    assert modeling_llama.LlamaRMSNorm is norm_cls
+    assert modeling_llama.LlamaForCausalLM.forward is forward
+    assert calls and calls[0]["rope"] is False
+    assert row["liger"]["status"] == "ok" and row["liger"]["loss"]["agree"]
+    assert any("Liger, llama-host" in line for line in bench_models.format_liger([row]))
+
+
 def test_fused_bench_arguments():
     from cutlass_nn.bench import fused
 

@@ -234,7 +234,8 @@ def run_sides(
     rounds = 0
     while done < steps:
         n = min(block, steps - done)
-        for side in SIDES if rounds % 2 == 0 else SIDES[::-1]:
+        order = list(models)
+        for side in order if rounds % 2 == 0 else order[::-1]:
             rec, trainer = out[side], trainers[side]
             _sync(device)
             if cuda:
@@ -306,6 +307,7 @@ def run_row(
     fuse_norm: bool = False,
     fuse_mlp: bool = False,
     fuse_head: bool = False,
+    liger: bool = False,
 ) -> dict[str, Any]:
     """Stock, then converted, on the same initial weights and batches; never raises (an
     exception is recorded as status "error")."""
@@ -328,6 +330,8 @@ def run_row(
                     model = build_model(spec.family, size).to(dtype=dtype)
                 row["parameters"] = sum(p.numel() for p in model.parameters())
                 row["linears"] = count_linears(model)
+                if side == "liger":
+                    return apply_liger(model)
                 if side != "cutlass_nn":
                     return model
                 example = batches[0] if autotune else None
@@ -338,8 +342,16 @@ def run_row(
             return build
 
         torch._dynamo.reset()
+        names = list(SIDES)
+        if liger:
+            if spec.family != "llama":
+                row["liger"] = {"status": "skipped", "note": "Liger row: Llama rows only"}
+            elif not liger_available():
+                row["liger"] = {"status": "unavailable", "note": "liger_kernel is not importable"}
+            else:
+                names.append("liger")
         sides = run_sides(
-            {side: make(side) for side in SIDES},
+            {side: make(side) for side in names},
             spec.mode,
             batches,
             warmup=warmup,
@@ -361,6 +373,14 @@ def run_row(
         if "peak_bytes" in stock:
             row["memory_ratio"] = ours["peak_bytes"] / stock["peak_bytes"]
         row["loss"] = compare_losses(stock["losses"], ours["losses"])
+        if "liger" in sides:
+            lig = sides["liger"]
+            lig["status"] = "ok"
+            lig["ratio"] = stock["step_ms"] / lig["step_ms"]  # > 1: Liger faster than stock
+            lig["ours_vs_liger"] = lig["step_ms"] / ours["step_ms"]  # > 1: cutlass_nn faster
+            if "peak_bytes" in lig:
+                lig["memory_ratio"] = lig["peak_bytes"] / stock["peak_bytes"]
+            lig["loss"] = compare_losses(stock["losses"], lig["losses"])
         row["status"] = "ok"
     except Exception as exc:  # one row's failure (out of memory, a compile error) is recorded
         row["note"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
@@ -372,6 +392,55 @@ def run_row(
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
     return row
+
+
+def liger_available() -> bool:
+    import importlib
+
+    try:
+        importlib.import_module("liger_kernel.transformers")
+    except Exception:
+        return False
+    return True
+
+
+def apply_liger(model: nn.Module) -> nn.Module:
+    """The stock model with Liger-Kernel's Llama patch on this instance: its RMSNorm, SwiGLU MLP
+    and fused linear + cross-entropy. Liger's rope kernel is left out, and the module-level names
+    its patch rebinds in transformers' Llama module are restored at once: those are global, and
+    the stock side of the same process must keep running stock code."""
+    from liger_kernel.transformers import apply_liger_kernel_to_llama
+    from transformers.models.llama import modeling_llama
+
+    names = ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP")
+    saved = {name: getattr(modeling_llama, name) for name in names}
+    saved_forward = modeling_llama.LlamaForCausalLM.forward
+    try:
+        apply_liger_kernel_to_llama(rope=False, cross_entropy=False, fused_linear_cross_entropy=True,
+                                    rms_norm=True, swiglu=True, model=model)
+    finally:
+        for name, value in saved.items():
+            setattr(modeling_llama, name, value)
+        modeling_llama.LlamaForCausalLM.forward = saved_forward
+    return model
+
+
+def format_liger(rows: Sequence[dict]) -> list[str]:
+    """The Liger-Kernel side, where it ran: its ratio to stock and ours to it."""
+    lines = []
+    for r in rows:
+        lig = r.get("liger")
+        if not lig:
+            continue
+        if lig.get("status") != "ok":
+            lines.append(f"Liger, {r['label']}: {lig.get('status')} ({lig.get('note', '')})")
+            continue
+        lines.append(
+            f"Liger, {r['label']}: {lig['step_ms']:.2f} ms, {lig['ratio']:.3f}x stock, memory "
+            f"{_f(lig.get('memory_ratio'), '.3f')}x stock; cutlass_nn {lig['ours_vs_liger']:.3f}x "
+            f"Liger's speed; loss agrees with stock: {lig['loss']['agree']}"
+        )
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,6 +586,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--fuse-head", action="store_true",
                    help="convert with fuse_head=True: the Llama rows' loss through "
                    "linear_cross_entropy (no logits)")
+    p.add_argument("--liger", action="store_true",
+                   help="add a third side to the Llama rows: the stock model with Liger-Kernel's "
+                   "patch (RMSNorm, SwiGLU, fused linear + cross-entropy; needs liger_kernel)")
     p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge earlier model-benchmark JSONs into one JSON + PNG (no GPU)")
     return p.parse_args(argv)
@@ -570,6 +642,7 @@ def main(argv: Sequence[str]) -> int:
     meta["fuse_norm"] = bool(args.fuse_norm)
     meta["fuse_mlp"] = bool(args.fuse_mlp)
     meta["fuse_head"] = bool(args.fuse_head)
+    meta["liger"] = bool(args.liger)
     specs = plan(args.families, args.sizes, args.modes)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"models_{bench._slug(meta)}_{bench._stamp()}"
@@ -585,7 +658,8 @@ def main(argv: Sequence[str]) -> int:
         else:
             row = run_row(spec, steps=args.steps, block=args.block, warmup=args.warmup,
                           autotune=args.autotune, fuse_norm=args.fuse_norm,
-                          fuse_mlp=args.fuse_mlp, fuse_head=args.fuse_head)
+                          fuse_mlp=args.fuse_mlp, fuse_head=args.fuse_head,
+                          liger=args.liger)
         results["rows"].append(row)
         _write(json_path, results)
         if row["status"] == "ok":
@@ -607,7 +681,7 @@ def main(argv: Sequence[str]) -> int:
     except Exception as exc:
         print(f"(no plot: {exc})")
     print()
-    for line in format_table(rows) + format_targets(results["targets"]):
+    for line in format_table(rows) + format_targets(results["targets"]) + format_liger(rows):
         print(line)
     print(f"json {json_path}", flush=True)
     return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 3
