@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from cutlass_nn import ops
 
@@ -107,6 +108,14 @@ class _ChunkMath:
         safe = torch.where(valid & ~bad, t, torch.zeros_like(t))
         return valid, safe, bad
 
+    @staticmethod
+    def row_scale(valid: Tensor, bad: Tensor) -> Tensor:
+        """Per-token factor of the logit gradient: 1 for counted tokens, exactly 0 for ignored
+        ones, NaN for out-of-range targets (their loss is NaN; so are the gradients, so that a
+        NaN check or a gradient scaler catches them)."""
+        one = valid.to(torch.float32)
+        return torch.where(bad, torch.full_like(one, float("nan")), one)
+
     def loss(self, z: Tensor, lse: Tensor, safe: Tensor) -> Tensor:
         """Per-token loss from logits z [c, V] and their log-sum-exp: (1 - eps) * nll +
         eps * (the mean over classes of -log p), torch's label-smoothing definition."""
@@ -148,7 +157,9 @@ def _add_chunk_grads(held, hc, weight, start, grad_h, grad_w, grad_b) -> None:
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, ignore_index, reduction, label_smoothing, chunk):
+    def forward(
+        ctx, hidden, weight, bias, target, ignore_index, reduction, label_smoothing, chunk, out_dtype
+    ):
         h = hidden.reshape(-1, hidden.shape[-1])
         t = target.reshape(-1)
         tokens, vocab = h.shape[0], weight.shape[0]
@@ -161,9 +172,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         eager_grads = need_grad and reduction != "none"
         valid_all = t != ignore_index
         n_valid = valid_all.sum()
-        # mean: every token's gradient is scaled by 1 / n_valid (a tensor: no host sync)
-        scale = (1.0 / n_valid.to(compute)) if reduction == "mean" else torch.ones((), dtype=compute, device=h.device)
-        zero = torch.zeros((), dtype=compute, device=h.device)
+        # mean: every token's gradient is scaled by 1 / n_valid (a tensor: no host sync). The
+        # scale is applied in the backward, together with the incoming gradient (an fp16 loss
+        # scale, for instance), in float: folded in before the chunk gradients are rounded to
+        # 16 bits, it would flush the small ones to zero.
+        # (With every token ignored the mean is NaN, as in torch, and the gradients are 0.)
+        if reduction == "mean":
+            count = n_valid.to(compute)
+            scale = torch.where(count > 0, 1.0 / count.clamp_min(1), torch.zeros_like(count))
+        else:
+            scale = torch.ones((), dtype=compute, device=h.device)
 
         loss_tok = torch.empty(tokens, dtype=compute, device=h.device)
         lse_all = torch.empty(tokens, dtype=compute, device=h.device) if need_grad and not eager_grads else None
@@ -184,8 +202,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if lse_all is not None:
                 lse_all[start:end] = lse
             if eager_grads:
-                # ignored tokens get exactly 0 (not 0 * inf when every token is ignored)
-                held = [math.logit_grad_(z, lse, safe, torch.where(valid, scale, zero))]
+                held = [math.logit_grad_(z, lse, safe, math.row_scale(valid, bad))]
                 del z
                 _add_chunk_grads(held, hc, weight, start, grad_h, grad_w, grad_b)
 
@@ -195,13 +212,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
             out = loss_tok.sum()
         else:
             out = loss_tok.sum() / n_valid.to(compute)
-        out = out.to(hidden.dtype)
+        out = out.to(out_dtype)
 
         ctx.reduction = reduction
+        ctx.weight_dtype = weight.dtype
         ctx.hidden_shape = hidden.shape
         ctx.has_bias = bias is not None
         if eager_grads:
-            ctx.save_for_backward(grad_h, grad_w, grad_b)
+            ctx.save_for_backward(grad_h, grad_w, grad_b, scale)
         elif need_grad:
             ctx.chunk = chunk
             ctx.math = math
@@ -209,14 +227,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         if ctx.reduction != "none":
-            grad_h, grad_w, grad_b = ctx.saved_tensors
-            g = grad_out.to(_compute_dtype(grad_out.dtype))
-            dh = None if grad_h is None else (grad_h * g.to(grad_h.dtype)).reshape(ctx.hidden_shape)
-            dw = None if grad_w is None else (grad_w * g.to(grad_w.dtype)).to(grad_out.dtype)
-            db = None if grad_b is None else (grad_b * g).to(grad_out.dtype)
-            return dh, dw, db, None, None, None, None, None
+            grad_h, grad_w, grad_b, scale = ctx.saved_tensors
+            # the incoming gradient times the reduction's scale, in float, applied to the
+            # unscaled per-chunk gradients of the forward
+            factor = grad_out.to(scale.dtype) * scale
+            dh = dw = db = None
+            if grad_h is not None:
+                dh = (grad_h.to(factor.dtype) * factor).to(grad_h.dtype).reshape(ctx.hidden_shape)
+            if grad_w is not None:
+                dw = (grad_w * factor.to(grad_w.dtype)).to(ctx.weight_dtype)
+            if grad_b is not None:
+                db = (grad_b * factor).to(ctx.weight_dtype)
+            return dh, dw, db, None, None, None, None, None, None
         return _backward_recompute(ctx, grad_out)
 
 
@@ -237,17 +262,15 @@ def _backward_recompute(ctx, grad_out: Tensor):
     for start in range(0, h.shape[0], ctx.chunk):
         end = min(start + ctx.chunk, h.shape[0])
         hc = h[start:end]
-        valid, safe, _ = math.targets(t[start:end])
+        valid, safe, bad = math.targets(t[start:end])
         z = _logits(hc, weight, bias, compute)
-        held = [math.logit_grad_(
-            z, lse_all[start:end], safe, torch.where(valid, g[start:end], torch.zeros_like(g[start:end]))
-        )]
+        held = [math.logit_grad_(z, lse_all[start:end], safe, math.row_scale(valid, bad) * g[start:end])]
         del z
         _add_chunk_grads(held, hc, weight, start, grad_h, grad_w, grad_b)
     dh = None if grad_h is None else grad_h.reshape(hidden.shape)
     dw = None if grad_w is None else grad_w.to(weight.dtype)
     db = None if grad_b is None else grad_b.to(weight.dtype)
-    return dh, dw, db, None, None, None, None, None
+    return dh, dw, db, None, None, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -288,14 +311,25 @@ def linear_cross_entropy(
         hidden = model.model(input_ids=ids).last_hidden_state      # [batch, seq, hidden]
         loss = linear_cross_entropy(hidden[:, :-1], model.lm_head.weight, ids[:, 1:])
     """
-    _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_size)
-    device_type = hidden.device.type
-    if torch.is_autocast_enabled(device_type) and hidden.dtype == torch.float32:
+    device_type = hidden.device.type if isinstance(hidden, Tensor) else "cpu"
+    autocast = torch.is_autocast_enabled(device_type)
+    if autocast:
+        # as F.linear under autocast: floating arguments other than float64 in the autocast dtype
         low = torch.get_autocast_dtype(device_type)
-        hidden, weight = hidden.to(low), weight.to(low)
-        bias = None if bias is None else bias.to(low)
+
+        def cast(t):
+            if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+                return t.to(low)
+            return t
+
+        hidden, weight, bias = cast(hidden), cast(weight), cast(bias)
+    _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_size)
     chunk = _chunk_rows(target.numel(), weight.shape[0], chunk_size)
     with torch.autocast(device_type, enabled=False):
+        # autocast runs cross_entropy in float32: under it the loss comes back in float32 (it is
+        # computed in float32); otherwise in hidden's dtype, as the unfused head's
+        out_dtype = torch.float32 if autocast and hidden.dtype != torch.float64 else hidden.dtype
         return _LinearCrossEntropy.apply(
-            hidden, weight, bias, target, int(ignore_index), reduction, float(label_smoothing), chunk
+            hidden, weight, bias, target, int(ignore_index), reduction, float(label_smoothing),
+            chunk, out_dtype,
         )

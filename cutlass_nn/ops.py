@@ -549,6 +549,12 @@ def _gated_act_backward_fake(grad_output, gate_up, activation):
 
 @torch.library.register_fake("cutlass_nn::gated_act_backward_")
 def _gated_act_backward_inplace_fake(grad_output, gate_up, activation):
+    _check(
+        gate_up.is_contiguous(),
+        "gated_act_backward_",
+        "argument 'gate_up' must be contiguous (it is written in place), got strides "
+        f"{list(gate_up.stride())}",
+    )
     _, out = _gated_act_backward_fake(grad_output, gate_up, activation)
     return out
 

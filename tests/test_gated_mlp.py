@@ -1224,3 +1224,20 @@ def test_autocast_casts_packed_weights_into_one_buffer_without_a_concatenation()
     assert torch.equal(y, y_sep)
     for p, s in zip((mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight), sep):
         assert p.grad.dtype == torch.float32 and torch.equal(p.grad, s.grad)
+
+
+def test_saved_tensor_hooks_keep_the_out_of_place_backward():
+    """A pack hook may keep its own reference to the saved gate+up output: the backward must
+    not write over it."""
+    torch.manual_seed(0)
+    args = [torch.randn(s, requires_grad=True) for s in ((5, 6), (4, 6), (4, 6), (3, 4))]
+    packed = []
+
+    def pack(t):
+        packed.append((t, t.clone()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = ops.gated_mlp(*args)
+    assert _gated_kernels_run(lambda: y.sum().backward()) == {"cutlass_nn::gated_act_backward"}
+    assert all(torch.equal(t, copy) for t, copy in packed)

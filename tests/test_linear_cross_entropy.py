@@ -117,14 +117,55 @@ def test_lower_precision_dtypes(dtype, tol):
         assert (got_g.double() - ref_g).abs().max() <= 2 * tol * ref_g.abs().max()
 
 
-def test_autocast_casts_float32_arguments():
+def test_autocast_follows_torch():
     gen = torch.Generator().manual_seed(6)
     h, w, b, t = make(gen, dtype=torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = F.linear_cross_entropy(h, w, t, b)
-    assert loss.dtype == torch.bfloat16
-    loss.float().backward()
+        ref = reference(h, w, t, b)
+        # mixed dtypes (bf16 activations beside a float32 head) are cast like F.linear's
+        mixed = F.linear_cross_entropy(h.bfloat16(), w, t, b)
+    # the loss in float32, as autocast runs cross_entropy, from bf16 logits
+    assert loss.dtype == ref.dtype == mixed.dtype == torch.float32
+    assert abs(loss.item() - ref.item()) <= 1e-2 * abs(ref.item())
+    loss.backward()
     assert h.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+
+
+def test_float16_gradients_survive_with_a_loss_scale():
+    """The reduction's 1 / n and the incoming gradient (a loss scale) are applied in float after
+    the 16-bit chunk GEMMs: small gradients are not flushed to zero before the scale lifts them."""
+    gen = torch.Generator().manual_seed(12)
+    tokens, hidden, vocab = 16384, 16, 4000
+    h = torch.randn(tokens, hidden, generator=gen).half().requires_grad_()
+    w = (torch.randn(vocab, hidden, generator=gen) * 0.25).half().requires_grad_()
+    t = torch.randint(0, vocab, (tokens,), generator=gen)
+    F.linear_cross_entropy(h, w, t, chunk_size=512).backward(torch.tensor(32768.0, dtype=torch.half))
+    h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    reference(h64, w64, t).backward(torch.tensor(32768.0, dtype=torch.float64))
+    assert (w.grad.double() - w64.grad).abs().max() <= 1e-2 * w64.grad.abs().max()
+    assert (h.grad.double() - h64.grad).abs().max() <= 1e-2 * h64.grad.abs().max()
+    assert (w.grad == 0).float().mean() <= (w64.grad == 0).double().mean() + 0.01
+
+
+def test_out_of_range_target_poisons_its_gradients_too():
+    gen = torch.Generator().manual_seed(13)
+    h, w, b, t = make(gen)
+    t[0, 2] = 999
+    F.linear_cross_entropy(h, w, t, b).backward()
+    assert torch.isnan(h.grad[0, 2]).all() and torch.isnan(w.grad).any()
+    for red in ("none",):
+        h.grad = None
+        F.linear_cross_entropy(h, w, t, b, reduction=red).sum().backward()
+        assert torch.isnan(h.grad[0, 2]).all()
+
+
+def test_no_double_backward():
+    gen = torch.Generator().manual_seed(14)
+    h, w, b, t = make(gen)
+    (gh,) = torch.autograd.grad(F.linear_cross_entropy(h, w, t, b), h, create_graph=True)
+    with pytest.raises(RuntimeError):
+        gh.sum().backward()
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,7 @@
 // straight to the kernel below autograd, so inference and the backward's own calls pay for no
 // Function object.
 #include <ATen/ATen.h>
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/TensorSubclassLikeUtils.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/graph_task.h>
@@ -438,6 +439,9 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
                                const std::optional<at::Tensor>& down_bias,
                                c10::string_view activation) {
     ctx->saved_data["activation"] = std::string(activation);
+    // Saved-tensor hooks (save_on_cpu, user pack hooks) may keep their own reference to the
+    // saved gate+up output: the backward must then not write over it.
+    ctx->saved_data["saved_tensor_hooks"] = at::SavedTensorDefaultHooks::get_hooks().has_value();
     at::Tensor out, gate_up;
     {
       at::AutoDispatchBelowADInplaceOrView below;
@@ -476,12 +480,19 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
     // create_graph: rebuild everything the gradients depend on with differentiable operators
     // (the saved gate_up has no history), so that second-order gradients are exact.
     const bool create_graph = at::GradMode::is_enabled();
-    const at::Tensor weight = create_graph ? at::cat({saved[1], saved[2]}, 0)
-                                           : gate_up_weight(saved[1], saved[2]);
-    const std::optional<at::Tensor> bias =
-        has_gate_up_bias ? std::optional<at::Tensor>(at::cat({saved[4], saved[5]}, 0))
-                         : std::nullopt;
-    const at::Tensor gate_up = create_graph ? cutlass_nn::linear(input, weight, bias) : saved[7];
+    // [gate; up] (a view, or a copy where the weights are not adjacent): built only where needed,
+    // so that a copy is not held through the rest of the backward.
+    const auto gate_up_weight_now = [&]() {
+      return create_graph ? at::cat({saved[1], saved[2]}, 0)
+                          : gate_up_weight(saved[1], saved[2]);
+    };
+    at::Tensor gate_up = saved[7];
+    if (create_graph) {
+      const std::optional<at::Tensor> bias =
+          has_gate_up_bias ? std::optional<at::Tensor>(at::cat({saved[4], saved[5]}, 0))
+                           : std::nullopt;
+      gate_up = cutlass_nn::linear(input, gate_up_weight_now(), bias);
+    }
 
     at::Tensor grad_gate_up, hidden;
     if (need_gate_up_side) {
@@ -490,11 +501,13 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
         std::tie(grad_gate_up, hidden) = gated_act_backward_aten(
             grad_hidden, gate_up, parse_gated_activation("gated_mlp", activation));
       } else if (!torch::autograd::get_current_graph_task_keep_graph() &&
+                 !ctx->saved_data["saved_tensor_hooks"].toBool() &&
                  !at::isTensorSubclassLike(gate_up) && gate_up.is_contiguous()) {
         // This backward reads the saved gate+up output for the last time, and no later
-        // backward can (the graph is not kept): its gradient is written over it, so the
-        // backward holds one [*, 2n] buffer instead of two. (Traced tensors take the
-        // out-of-place form, which tracing expresses without a mutation.)
+        // backward can (the graph is not kept, and no saved-tensor hook holds it): its
+        // gradient is written over it, so the backward holds one [*, 2n] buffer instead of
+        // two. (Traced tensors take the out-of-place form, which tracing expresses without a
+        // mutation.)
         hidden = cutlass_nn::gated_act_backward_(grad_hidden, gate_up, activation);
         grad_gate_up = gate_up;
       } else {
@@ -510,7 +523,7 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
     if (!need_gate_up_side) return grads;
 
     const int64_t n = saved[1].size(0);
-    if (need(0)) grads[0] = cutlass_nn::linear_dgrad(grad_gate_up, weight);
+    if (need(0)) grads[0] = cutlass_nn::linear_dgrad(grad_gate_up, gate_up_weight_now());
     if (need(1) || need(2)) {
       const at::Tensor grad_weight = cutlass_nn::linear_wgrad(grad_gate_up, input);
       if (need(1)) grads[1] = grad_weight.narrow(0, 0, n);
