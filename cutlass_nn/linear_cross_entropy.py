@@ -301,9 +301,10 @@ def linear_cross_entropy(
     The log-sum-exp and loss are float32 (float64 for float64 inputs), computed from logits
     rounded to ``hidden``'s dtype (as the unfused head rounds them); the loss is returned in
     ``hidden``'s dtype. A target outside ``[0, vocab)`` that is not ``ignore_index`` makes its
-    token's loss NaN (no device fault, no host synchronization). Under ``torch.autocast``,
-    float32 arguments are cast to the autocast dtype first, as ``F.linear`` would. First
-    derivatives only (no double backward).
+    token's loss and gradients NaN (no device fault, no host synchronization). Under
+    ``torch.autocast``, floating arguments other than float64 are cast to the autocast dtype
+    first, as ``F.linear`` would, and the loss is returned in float32, as autocast runs
+    ``F.cross_entropy``. First derivatives only (no double backward).
 
     With a ``transformers`` causal LM, take the hidden states of the base model and the head's
     weight, and shift the labels by one::
