@@ -1,29 +1,32 @@
 #!/usr/bin/env python
-"""Train a small Llama-style language model with cutlass_nn's transformer layers.
+"""Train a small byte-level language model with cutlass_nn's transformer layers.
 
-The model is a ``transformers`` ``LlamaForCausalLM`` with random weights. ``--impl cutlass``
-(default) converts it in place with ``cutlass_nn.convert(model, fuse_norm=True, fuse_mlp=True)``
-(CutlassLinear projections, fused RMSNorms, fused gated MLPs) and computes the loss with
-``cutlass_nn.functional.linear_cross_entropy`` on the base model's hidden states, so the
-``[tokens, vocab]`` logits never exist; ``--impl torch`` trains the stock model with its own
-loss. ``--compare`` trains both from the same initial weights on the same batches and fails
-(exit 1) if their losses drift apart by more than ``--tolerance`` (relative).
+The model is a ``transformers`` ``LlamaForCausalLM`` (random init, 256 byte tokens). The corpus
+ships with Python itself: the text of the language reference topics in ``pydoc_data.topics``
+(~465 KB of English and code), nothing is downloaded. Implementations (``--impl``):
 
-The data is synthetic but learnable: token sequences from a fixed random Markov chain in which
-each token has a handful of likely successors, so the loss falls from ln(vocab) towards the
-chain's entropy (printed at the start as the floor).
+* ``torch``: the stock model;
+* ``cutlass``: ``cutlass_nn.convert(model)``, every ``nn.Linear`` on cutlass_nn's GEMMs;
+* ``cutlass-fused`` (default): ``convert(model, fuse_norm=True, fuse_mlp=True, fuse_head=True)``:
+  fused RMSNorms, fused gated MLPs, and the loss through ``linear_cross_entropy`` (no logits).
+
+``--compare`` trains ``torch`` and ``--impl`` from the same initial weights on the same batches
+and fails (exit 1) if their loss curves (moving averages over ``steps / 15`` steps) differ by
+more than ``--tolerance`` (relative); the largest single-step difference is printed too. At the
+end each model writes a short sample from a prompt (sampling with ``--temperature``).
 
 Usage (run from the repository root)::
 
-    python training_examples/train_lm.py                       # CPU, a few seconds
+    python training_examples/train_lm.py                 # CPU, tiny config, about a minute
     python training_examples/train_lm.py --compare
-    python training_examples/train_lm.py --device cuda --dtype bfloat16 --hidden 1024 \\
-        --layers 4 --vocab 32000 --seq 1024 --batch 8 --steps 500
+    python training_examples/train_lm.py --device cuda --amp --compile --hidden 1024 \\
+        --layers 8 --seq 512 --batch 32 --steps 2000
 
-Outputs go to ``--out`` (default ``training_examples/out``): ``lm_<impl>.json`` (arguments and
-the loss of every step) and, with matplotlib, ``lm_curves.png``. The last line has the form::
+Outputs go to ``--out`` (default ``training_examples/out``): ``lm_<impl>.json`` (arguments,
+per-step losses, throughput, peak memory, the sample) and ``lm_curves.png``. The last lines
+have the form::
 
-    final: impl=cutlass device=cpu steps=60 loss=... floor=... tokens_per_s=...
+    final: impl=cutlass-fused device=cpu steps=... loss=... tokens_per_s=... peak_mem_mb=...
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import sys
 import time
 from pathlib import Path
@@ -44,58 +48,51 @@ if str(REPO) not in sys.path:
 
 import cutlass_nn  # noqa: E402
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+IMPLS = ("torch", "cutlass", "cutlass-fused")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--impl", choices=["cutlass", "torch"], default="cutlass")
-    p.add_argument("--compare", action="store_true", help="train both implementations and compare")
+    p.add_argument("--impl", choices=IMPLS, default="cutlass-fused")
+    p.add_argument("--compare", action="store_true",
+                   help="train torch and --impl from the same weights and batches, compare")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--amp", action="store_true",
+                   help="bfloat16 autocast (float32 weights and optimizer state)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq", type=int, default=128)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--successors", type=int, default=4, help="likely next tokens per token")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tolerance", type=float, default=0.02,
-                   help="--compare: largest allowed relative loss difference")
+                   help="--compare: largest allowed relative difference of the smoothed curves")
+    p.add_argument("--prompt", default="The assert statement")
+    p.add_argument("--sample-bytes", type=int, default=120)
+    p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--out", type=Path, default=REPO / "training_examples" / "out")
     return p.parse_args(argv)
 
 
-class MarkovData:
-    """Batches of sequences from a random Markov chain: each token's successors are drawn from
-    ``successors`` tokens with random (Dirichlet) weights."""
+def corpus() -> np.ndarray:
+    """The bytes of Python's language-reference topics (ships with CPython)."""
+    from pydoc_data.topics import topics
 
-    def __init__(self, vocab: int, successors: int, seed: int):
-        rng = np.random.default_rng(seed)
-        self.vocab = vocab
-        self.next_tokens = rng.integers(0, vocab, size=(vocab, successors))
-        self.next_probs = rng.dirichlet(np.ones(successors), size=vocab)
-        self.rng = np.random.default_rng(seed + 1)
-
-    def floor(self) -> float:
-        """The chain's conditional entropy (nats per token): the best reachable loss."""
-        p = self.next_probs
-        return float(-(p * np.log(p)).sum(1).mean())
-
-    def batch(self, batch: int, seq: int) -> torch.Tensor:
-        out = np.empty((batch, seq), dtype=np.int64)
-        out[:, 0] = self.rng.integers(0, self.vocab, size=batch)
-        for j in range(1, seq):
-            prev = out[:, j - 1]
-            choice = (self.rng.random(batch)[:, None] > self.next_probs[prev].cumsum(1)).sum(1)
-            choice = np.minimum(choice, self.next_tokens.shape[1] - 1)
-            out[:, j] = self.next_tokens[prev, choice]
-        return torch.from_numpy(out)
+    text = "\n\n".join(topics[key] for key in sorted(topics))
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 
 
-def build_model(args, device, dtype):
+def batches(data: np.ndarray, args) -> list[torch.Tensor]:
+    """--steps random windows of --seq bytes per batch row (same for every implementation)."""
+    rng = np.random.default_rng(args.seed)
+    starts = rng.integers(0, len(data) - args.seq - 1, size=(args.steps, args.batch))
+    windows = data[starts[..., None] + np.arange(args.seq)]
+    return [torch.from_numpy(w.astype(np.int64)) for w in windows]
+
+
+def build_model(args, impl: str, device):
     import transformers
 
     cfg = transformers.LlamaConfig(
@@ -104,53 +101,94 @@ def build_model(args, device, dtype):
         num_hidden_layers=args.layers,
         num_attention_heads=max(1, args.hidden // 64),
         num_key_value_heads=max(1, args.hidden // 128),
-        vocab_size=args.vocab,
-        max_position_embeddings=max(args.seq, 128),
+        vocab_size=256,
+        max_position_embeddings=max(args.seq, 256),
     )
     torch.manual_seed(args.seed)
-    return transformers.LlamaForCausalLM(cfg).to(device=device, dtype=dtype)
+    model = transformers.LlamaForCausalLM(cfg).to(device)
+    if impl == "cutlass":
+        cutlass_nn.convert(model)
+    elif impl == "cutlass-fused":
+        cutlass_nn.convert(model, fuse_norm=True, fuse_mlp=True, fuse_head=True)
+    return model
 
 
-def make_loss(model, impl: str):
-    if impl == "torch":
-        return lambda ids: model(input_ids=ids, labels=ids).loss
-    cutlass_nn.convert(model, fuse_norm=True, fuse_mlp=True)
+class Progress:
+    """A one-line progress bar on a terminal, a line every 10% otherwise."""
 
-    def loss(ids):
-        hidden = model.model(input_ids=ids).last_hidden_state
-        return cutlass_nn.functional.linear_cross_entropy(
-            hidden[:, :-1], model.lm_head.weight, ids[:, 1:]
-        )
+    def __init__(self, total: int, label: str):
+        self.total, self.label, self.tty = total, label, sys.stdout.isatty()
+        self.next_line = 0
 
-    return loss
+    def update(self, step: int, loss: float) -> None:
+        done = (step + 1) / self.total
+        if self.tty:
+            bar = "#" * int(30 * done)
+            print(f"\r{self.label} [{bar:<30}] {step + 1}/{self.total} loss {loss:.3f}",
+                  end="", flush=True)
+            if step + 1 == self.total:
+                print()
+        elif done >= self.next_line / 10 or step + 1 == self.total:
+            print(f"{self.label}: step {step + 1}/{self.total} loss {loss:.4f}", flush=True)
+            self.next_line = int(done * 10) + 1
 
 
-def train(args, impl: str, batches) -> dict:
-    device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    model = build_model(args, device, dtype)
-    loss_fn = make_loss(model, impl)
+def peak_memory_mb(device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+@torch.no_grad()
+def sample(model, args, device) -> str:
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    ids = torch.tensor([list(args.prompt.encode("utf-8"))], device=device)
+    model.eval()
+    for _ in range(args.sample_bytes):
+        logits = model(input_ids=ids[:, -args.seq:]).logits[0, -1].float().cpu()
+        probs = torch.softmax(logits / max(args.temperature, 1e-3), dim=-1)
+        ids = torch.cat([ids, torch.multinomial(probs, 1, generator=gen).to(device)[None]], dim=1)
+    model.train()
+    return bytes(ids[0].tolist()).decode("utf-8", errors="replace")
+
+
+def train(args, impl: str, data: list[torch.Tensor]) -> dict:
+    device = torch.device(args.device)
+    model = build_model(args, impl, device)
+    step_fn = torch.compile(model) if args.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    losses, start, timed_tokens = [], None, 0
-    for step, ids in enumerate(batches):
-        if step == 1:  # step 0 holds one-time set-up
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    progress = Progress(len(data), impl)
+    losses, timed_tokens, start = [], 0, None
+    for step, ids in enumerate(data):
+        if step == 1:  # step 0 holds one-time set-up (and compilation)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
         ids = ids.to(device)
-        loss = loss_fn(ids)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            loss = step_fn(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
+        progress.update(step, losses[-1])
         if step >= 1:
             timed_tokens += ids.numel()
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start if start is not None else float("nan")
-    return {"impl": impl, "losses": losses, "tokens_per_s": timed_tokens / elapsed if elapsed else 0}
+    return {
+        "impl": impl,
+        "losses": losses,
+        "tokens_per_s": timed_tokens / elapsed if elapsed and elapsed == elapsed else 0.0,
+        "peak_mem_mb": peak_memory_mb(device),
+        "sample": sample(model, args, device),
+    }
 
 
-def plot(runs: list[dict], floor: float, path: Path) -> None:
+def plot(runs: list[dict], path: Path) -> None:
     try:
         import matplotlib
 
@@ -161,9 +199,9 @@ def plot(runs: list[dict], floor: float, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in runs:
         ax.plot(run["losses"], label=run["impl"])
-    ax.axhline(floor, color="gray", linestyle="--", label="chain entropy")
+    ax.axhline(math.log(256), color="gray", linestyle=":", label="ln 256 (uniform)")
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats / token)")
+    ax.set_ylabel("loss (nats / byte)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
@@ -172,29 +210,38 @@ def plot(runs: list[dict], floor: float, path: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    data = MarkovData(args.vocab, args.successors, args.seed)
-    batches = [data.batch(args.batch, args.seq) for _ in range(args.steps)]
-    floor = data.floor()
-    print(f"data: Markov chain over {args.vocab} tokens, floor {floor:.3f} nats/token, "
-          f"start ~ln(vocab) = {math.log(args.vocab):.3f}", flush=True)
-    impls = ["torch", "cutlass"] if args.compare else [args.impl]
-    runs = [train(args, impl, batches) for impl in impls]
+    data = corpus()
+    steps = batches(data, args)
+    print(f"corpus: pydoc_data.topics, {len(data):,} bytes; {args.steps} steps of "
+          f"{args.batch}x{args.seq} bytes", flush=True)
+    impls = ["torch", args.impl] if args.compare and args.impl != "torch" else [args.impl]
+    runs = [train(args, impl, steps) for impl in impls]
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     for run in runs:
         (args.out / f"lm_{run['impl']}.json").write_text(
-            json.dumps({"args": settings, "floor": floor, **run}, indent=1) + "\n")
-    plot(runs, floor, args.out / "lm_curves.png")
+            json.dumps({"args": settings, **run}, indent=1) + "\n")
+        print(f"sample ({run['impl']}): {run['sample']!r}")
+    plot(runs, args.out / "lm_curves.png")
     status = 0
-    if args.compare:
-        a, b = (r["losses"] for r in runs)
-        worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-        print(f"compare: max relative loss difference {worst:.2e} (tolerance {args.tolerance})")
-        status = 0 if worst <= args.tolerance else 1
+    if len(runs) == 2:
+        # Two runs that differ only in rounding drift apart step by step (Adam amplifies the
+        # tiny gradient differences), so the criterion is on the curves: moving averages over
+        # a window of steps. The largest per-step difference is reported beside it.
+        a, b = (np.asarray(r["losses"]) for r in runs)
+        per_step = float(np.max(np.abs(a - b) / np.abs(a)))
+        window = max(1, len(a) // 15)
+        kernel = np.ones(window) / window
+        ma, mb = np.convolve(a, kernel, "valid"), np.convolve(b, kernel, "valid")
+        curve = float(np.max(np.abs(ma - mb) / np.abs(ma)))
+        print(f"compare: loss curves ({window}-step moving averages) differ by at most "
+              f"{curve:.2e} relative (tolerance {args.tolerance}); largest single-step "
+              f"difference {per_step:.2e}")
+        status = 0 if curve <= args.tolerance else 1
     for run in runs:
-        print(f"final: impl={run['impl']} device={args.device} dtype={args.dtype} "
-              f"steps={args.steps} loss={run['losses'][-1]:.4f} floor={floor:.4f} "
-              f"tokens_per_s={run['tokens_per_s']:.0f}")
+        print(f"final: impl={run['impl']} device={args.device} amp={args.amp} "
+              f"compile={args.compile} steps={args.steps} loss={run['losses'][-1]:.4f} "
+              f"tokens_per_s={run['tokens_per_s']:.0f} peak_mem_mb={run['peak_mem_mb']:.0f}")
     return status
 
 
