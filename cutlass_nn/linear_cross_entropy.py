@@ -158,16 +158,19 @@ def _add_chunk_grads(held, hc, weight, start, grad_h, grad_w, grad_b) -> None:
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, hidden, weight, bias, target, ignore_index, reduction, label_smoothing, chunk, out_dtype
+        ctx, hidden, weight, bias, target, ignore_index, reduction, label_smoothing, chunk,
+        out_dtype, grad_enabled,
     ):
         h = hidden.reshape(-1, hidden.shape[-1])
         t = target.reshape(-1)
         tokens, vocab = h.shape[0], weight.shape[0]
         compute = _compute_dtype(hidden.dtype)
         math = _ChunkMath(vocab, ignore_index, label_smoothing)
-        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], (
-            bias is not None and ctx.needs_input_grad[2]
-        )
+        # needs_input_grad says True under torch.no_grad() too: grad_enabled (the caller's
+        # grad mode) keeps an evaluation pass from forming gradients nobody will read
+        need_h = grad_enabled and ctx.needs_input_grad[0]
+        need_w = grad_enabled and ctx.needs_input_grad[1]
+        need_b = grad_enabled and bias is not None and ctx.needs_input_grad[2]
         need_grad = need_h or need_w or need_b
         eager_grads = need_grad and reduction != "none"
         valid_all = t != ignore_index
@@ -241,7 +244,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 dw = (grad_w * factor.to(grad_w.dtype)).to(ctx.weight_dtype)
             if grad_b is not None:
                 db = (grad_b * factor).to(ctx.weight_dtype)
-            return dh, dw, db, None, None, None, None, None, None
+            return dh, dw, db, None, None, None, None, None, None, None
         return _backward_recompute(ctx, grad_out)
 
 
@@ -270,7 +273,7 @@ def _backward_recompute(ctx, grad_out: Tensor):
     dh = None if grad_h is None else grad_h.reshape(hidden.shape)
     dw = None if grad_w is None else grad_w.to(weight.dtype)
     db = None if grad_b is None else grad_b.to(weight.dtype)
-    return dh, dw, db, None, None, None, None, None, None
+    return dh, dw, db, None, None, None, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -332,5 +335,5 @@ def linear_cross_entropy(
         out_dtype = torch.float32 if autocast and hidden.dtype != torch.float64 else hidden.dtype
         return _LinearCrossEntropy.apply(
             hidden, weight, bias, target, int(ignore_index), reduction, float(label_smoothing),
-            chunk, out_dtype,
+            chunk, out_dtype, torch.is_grad_enabled(),
         )

@@ -240,3 +240,17 @@ def test_with_a_transformers_causal_lm():
     (g_stock,) = torch.autograd.grad(stock, model.lm_head.weight)
     (g_ours,) = torch.autograd.grad(ours, model.lm_head.weight)
     torch.testing.assert_close(g_ours, g_stock, rtol=1e-4, atol=1e-6)
+
+
+def test_no_gradient_work_under_no_grad():
+    """Under torch.no_grad() the forward forms no gradients: only the logits GEMM runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gen = torch.Generator().manual_seed(15)
+    h, w, b, t = make(gen)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss = F.linear_cross_entropy(h, w, t, b, chunk_size=4)
+    names = {e.name for e in prof.events()}
+    assert "cutlass_nn::linear" in names
+    assert not names & {"cutlass_nn::linear_dgrad", "cutlass_nn::linear_wgrad_accumulate_"}
+    torch.testing.assert_close(loss, reference(h, w, t, b).detach())
