@@ -167,6 +167,43 @@ void check_gate_up_writable(const char* op, const at::Tensor& gate_up,
               "in place)");
 }
 
+void check_cross_entropy_rows_args(const at::Tensor& logits, const at::Tensor& target,
+                                   const std::optional<at::Tensor>& row_scale,
+                                   double label_smoothing) {
+  const char* op = "cross_entropy_rows_";
+  check_float_dtype(op, "logits", logits);
+  check_dim(op, "logits", logits, 2, "[rows, vocab]");
+  TORCH_CHECK(logits.size(1) >= 1, "cutlass_nn.", op,
+              ": argument 'logits' must have at least one class (vocab >= 1), got shape ",
+              shape_string(logits.sizes()));
+  TORCH_CHECK(logits.is_contiguous(), "cutlass_nn.", op,
+              ": argument 'logits' must be contiguous (it is written in place), got strides ",
+              shape_string(logits.strides()));
+  TORCH_CHECK(target.scalar_type() == c10::kLong, "cutlass_nn.", op,
+              ": argument 'target' must be an int64 tensor of class indices, got ",
+              dtype_name(target.scalar_type()));
+  check_same_device(op, "target", target, "logits", logits);
+  check_dim(op, "target", target, 1, "[rows]");
+  check_size(op, "target", target, 0, logits.size(0), "rows = logits.shape[0]");
+  if (row_scale.has_value() && row_scale->defined()) {
+    const auto stat = rms_norm_stat_dtype(logits.scalar_type());
+    TORCH_CHECK(row_scale->scalar_type() == stat, "cutlass_nn.", op,
+                ": argument 'row_scale' must have dtype ", dtype_name(stat),
+                " (the statistics dtype of 'logits'), got ", dtype_name(row_scale->scalar_type()));
+    check_same_device(op, "row_scale", *row_scale, "logits", logits);
+    check_dim(op, "row_scale", *row_scale, 1, "[rows]");
+    check_size(op, "row_scale", *row_scale, 0, logits.size(0), "rows = logits.shape[0]");
+    const auto overlap = at::get_overlap_status(logits, *row_scale);
+    TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
+                "cutlass_nn.", op,
+                ": argument 'row_scale' must not share memory with 'logits' (which is written "
+                "in place)");
+  }
+  TORCH_CHECK(std::isfinite(label_smoothing) && label_smoothing >= 0.0 && label_smoothing <= 1.0,
+              "cutlass_nn.", op, ": argument 'label_smoothing' must be in [0, 1], got ",
+              label_smoothing);
+}
+
 void check_gated_mlp_args(const at::Tensor& input, const at::Tensor& gate_weight,
                           const at::Tensor& up_weight, const at::Tensor& down_weight,
                           const std::optional<at::Tensor>& gate_bias,

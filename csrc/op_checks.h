@@ -77,6 +77,14 @@ void check_mm_out_arg(const at::Tensor& a, const at::Tensor& out);
 // add2(a, b): same shape, dtype and device
 void check_add2_args(const at::Tensor& a, const at::Tensor& b);
 
+// cross_entropy_rows_(logits [rows, vocab], target [rows], row_scale [rows]?, ...): logits a
+// contiguous floating tensor with vocab >= 1 (written in place); target int64 on logits'
+// device; row_scale in the statistics dtype (float32; float64 for float64 logits);
+// label_smoothing finite in [0, 1]; logits and row_scale must not overlap.
+void check_cross_entropy_rows_args(const at::Tensor& logits, const at::Tensor& target,
+                                   const std::optional<at::Tensor>& row_scale,
+                                   double label_smoothing);
+
 // rms_norm / add_rms_norm(input [*, features], residual (add_rms_norm: input's shape, dtype and
 // device), weight [features], eps): weight has input's dtype, or float32 for 16-bit input; eps
 // is finite and >= 0. `residual` may be nullptr (rms_norm).

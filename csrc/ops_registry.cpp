@@ -16,6 +16,7 @@
 #ifdef CUTLASS_NN_PYTHON_MODULE
 #include <Python.h>
 #endif
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
 #include <string>
@@ -59,6 +60,14 @@ static std::string build_info() {
   return std::string("flavor=") + CUTLASS_NN_FLAVOR + "\ncuda_archs=" + CUTLASS_NN_CUDA_ARCHS +
          "\ncutlass_version=" + CUTLASS_NN_CUTLASS_VERSION +
          "\ntorch_version=" + CUTLASS_NN_TORCH_VERSION + "\n";
+}
+
+// Whether the backward pass running on this thread keeps its graph (retain_graph / create_graph:
+// a later backward may read the saved tensors again). Python backward formulas that would
+// otherwise overwrite a saved tensor in place (cutlass_nn/linear_cross_entropy.py) ask it;
+// outside a backward pass it answers true (the safe answer).
+static bool autograd_keeps_graph() {
+  return torch::autograd::get_current_graph_task_keep_graph();
 }
 
 // Test / debugging hooks of the CUDA flavor (no-ops in the CPU flavor): force the CUTLASS 2.x
@@ -217,6 +226,16 @@ TORCH_LIBRARY(cutlass_nn, m) {
   // backward uses it on its own saved gate+up output when no second backward can read that.
   m.def("gated_act_backward_(Tensor grad_output, Tensor(a!) gate_up, str activation) -> Tensor",
         tags);
+  // Cross-entropy of each row of logits [rows, vocab] (contiguous) against target [rows]
+  // (int64): (loss, lse), both [rows] in float32 (float64 for float64 logits). loss is
+  // lse - (1 - label_smoothing) * z_target - label_smoothing / vocab * sum(z), 0 where target ==
+  // ignore_index, NaN where the target is out of range; lse the row's log-sum-exp. With
+  // write_grad, the row is overwritten with d loss / d z times row_scale (1 when None): 0 for
+  // ignored rows. The fused language-model head runs it on each chunk of its logits.
+  m.def(
+      "cross_entropy_rows_(Tensor(a!) logits, Tensor target, Tensor? row_scale, "
+      "int ignore_index, float label_smoothing, bool write_grad) -> (Tensor, Tensor)",
+      tags);
   // Gated MLP: down(act(gate(x)) * up(x)) with gate, up [n, in] and down [out, n] (biases
   // optional; gate_bias and up_bias both or neither). The gate and up projections run as one
   // GEMM (zero-copy when up_weight directly follows gate_weight in one storage, as
@@ -228,6 +247,7 @@ TORCH_LIBRARY(cutlass_nn, m) {
       tags);
 
   m.def("build_info() -> str", &build_info);
+  m.def("_autograd_keeps_graph() -> bool", &autograd_keeps_graph);
   m.def("_set_force_sm80(bool enable) -> bool", &set_force_sm80);
   m.def("_last_kernel_name() -> str", &last_kernel_name);
   m.def("_set_gemm_config(int config, int swizzle, int splits=0) -> int[]", &set_gemm_config);

@@ -1,18 +1,22 @@
 """Linear + cross-entropy for language-model heads without the full logits.
 
 ``linear_cross_entropy(hidden, weight, target)`` is ``F.cross_entropy(F.linear(hidden, weight,
-bias), target)``, computed over chunks of tokens: for each chunk the logits GEMM (cutlass_nn's
-``linear``), the log-sum-exp in float32 and the loss; when gradients are needed and the loss is
-reduced (``"mean"`` / ``"sum"``), the chunk's logit gradient ``softmax - target distribution`` is
-formed in the same buffer right away and turned into the hidden-state gradient (``linear_dgrad``)
-and an accumulated weight gradient (``linear_wgrad_accumulate_``, float32 for 16-bit weights).
-So no ``[tokens, vocab]`` tensor ever exists, and the three GEMMs of the unfused head are not
-repeated: the backward only scales the stored gradients by the incoming scalar. With
-``reduction="none"`` the incoming gradient is per token, so the forward keeps the float32
-log-sum-exp per token and the backward recomputes the chunks' logits.
+bias), target)``, computed over chunks of tokens. For each chunk: the logits GEMM (cutlass_nn's
+``linear``, logits in the weight's dtype as the unfused head has them), then one kernel
+(``ops.cross_entropy_rows_``) that computes each token's float32 log-sum-exp and loss and, when
+gradients are needed, writes the logit gradient ``softmax - target distribution`` over the
+chunk's logits; then the hidden-state gradient GEMM (``linear_dgrad``) and the weight gradient,
+accumulated over the chunks in place (``linear_wgrad_accumulate_``: in the weight's dtype for
+bfloat16 / float32 / float64 weights, in float32 for float16 ones, whose range a sum over many
+tokens can exceed). So no ``[tokens, vocab]`` tensor exists, and for a reduced loss (``"mean"``
+/ ``"sum"``) the three GEMMs of the unfused head are not repeated: the backward only scales the
+stored gradients by the incoming scalar (in place in eager mode). With ``reduction="none"`` the
+incoming gradient is per token, so the backward recomputes the chunks' logits.
 
-The composition runs on cutlass_nn's GEMM operators for every GEMM and on torch for the
-elementwise float32 work; it is a ``torch.autograd.Function`` (first derivatives only).
+The chunk loops are two custom operators (``cutlass_nn::_linear_cross_entropy_forward`` /
+``_backward``) so that ``torch.compile`` treats them as opaque calls instead of tracing (and
+functionalizing) their in-place accumulation; ``_LinearCrossEntropy`` is the
+``torch.autograd.Function`` around them (first derivatives only).
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ __all__ = ["linear_cross_entropy", "REDUCTIONS", "DEFAULT_CHUNK_BYTES"]
 
 #: ``reduction`` values, as for ``F.cross_entropy``
 REDUCTIONS = ("mean", "sum", "none")
-#: the default chunk holds about this many bytes of float32 logits (256 MiB: 512 tokens at a
-#: 128k vocabulary)
-DEFAULT_CHUNK_BYTES = 256 << 20
+#: the default chunk holds about this many bytes of logits in the weight's dtype (512 MiB: 2048
+#: tokens at a 128k vocabulary in bfloat16); the count is rounded down to a multiple of 128
+#: tokens (the GEMM tile height) when it is larger than that
+DEFAULT_CHUNK_BYTES = 512 << 20
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -81,78 +86,153 @@ def _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_size)
         _fail("chunk_size", f"must be None or a positive int, got {chunk_size!r}")
 
 
-def _chunk_rows(tokens: int, vocab: int, chunk_size: int | None) -> int:
+def _chunk_rows(tokens: int, vocab: int, element_size: int, chunk_size: int | None) -> int:
     if chunk_size is not None:
         return chunk_size
-    return max(1, min(max(tokens, 1), DEFAULT_CHUNK_BYTES // (4 * max(vocab, 1))))
+    rows = max(1, DEFAULT_CHUNK_BYTES // (element_size * max(vocab, 1)))
+    if rows > 128:
+        rows -= rows % 128
+    return max(1, min(max(tokens, 1), rows))
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-class _ChunkMath:
-    """The float32 (float64 for float64 inputs) per-chunk pieces shared by forward and backward."""
-
-    def __init__(self, vocab: int, ignore_index: int, label_smoothing: float):
-        self.vocab = vocab
-        self.ignore_index = ignore_index
-        self.eps = float(label_smoothing)
-
-    def targets(self, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(valid, safe target index, out of range) of a chunk's targets: ignored tokens are
-        not valid; out-of-range targets are clamped for the gather and reported, so that they
-        poison the loss with NaN instead of faulting the device."""
-        valid = t != self.ignore_index
-        bad = valid & ((t < 0) | (t >= self.vocab))
-        safe = torch.where(valid & ~bad, t, torch.zeros_like(t))
-        return valid, safe, bad
-
-    @staticmethod
-    def row_scale(valid: Tensor, bad: Tensor) -> Tensor:
-        """Per-token factor of the logit gradient: 1 for counted tokens, exactly 0 for ignored
-        ones, NaN for out-of-range targets (their loss is NaN; so are the gradients, so that a
-        NaN check or a gradient scaler catches them)."""
-        one = valid.to(torch.float32)
-        return torch.where(bad, torch.full_like(one, float("nan")), one)
-
-    def loss(self, z: Tensor, lse: Tensor, safe: Tensor) -> Tensor:
-        """Per-token loss from logits z [c, V] and their log-sum-exp: (1 - eps) * nll +
-        eps * (the mean over classes of -log p), torch's label-smoothing definition."""
-        zy = z.gather(1, safe.unsqueeze(1)).squeeze(1)
-        if self.eps == 0.0:
-            return lse - zy
-        return lse - (1.0 - self.eps) * zy - (self.eps / self.vocab) * z.sum(-1)
-
-    def logit_grad_(self, z: Tensor, lse: Tensor, safe: Tensor, row_scale: Tensor) -> Tensor:
-        """Turn z [c, V] in place into d loss_t / d z scaled by row_scale [c]:
-        (softmax(z) - (1 - eps) onehot(target) - eps / V) * row_scale."""
-        z.sub_(lse.unsqueeze(1)).exp_()
-        if self.eps != 0.0:
-            z.sub_(self.eps / self.vocab)
-        rows = torch.arange(z.shape[0], device=z.device)
-        z.index_put_((rows, safe), torch.full_like(lse, -(1.0 - self.eps)), accumulate=True)
-        return z.mul_(row_scale.unsqueeze(1))
+def _wgrad_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The weight-gradient accumulator's dtype: float16's range is too small for sums over many
+    tokens, so float16 weights accumulate in float32; bfloat16 has float32's range."""
+    return torch.float32 if dtype == torch.float16 else dtype
 
 
-def _logits(h: Tensor, weight: Tensor, bias: Tensor | None, compute: torch.dtype) -> Tensor:
-    return ops.linear(h, weight, bias).to(compute)
+def _placeholder(like: Tensor) -> Tensor:
+    """What the custom operators return for a gradient that is not needed (they cannot return
+    None): an empty tensor."""
+    return like.new_empty(0)
 
 
-def _add_chunk_grads(held, hc, weight, start, grad_h, grad_w, grad_b) -> None:
-    """The parameter gradients of one chunk from its (scaled) float logit gradient dzf [c, V]:
-    the hidden rows (linear_dgrad), the weight (accumulated in place) and the bias (float sum).
-    dzf comes as the only item of the list ``held`` (the caller keeps no other reference), so
-    that it is freed once cast, before the GEMMs allocate."""
-    dzf = held.pop()
+def _chunk_grads(dz: Tensor, hc: Tensor, weight: Tensor, rows: slice, grad_h, grad_w, grad_b):
+    """Add one chunk's share of the parameter gradients from its logit gradient dz [c, vocab]
+    (in the weight's dtype): the hidden rows (linear_dgrad), the weight (linear_wgrad for the
+    first chunk when the accumulator has the weight's dtype, accumulated in place after) and the
+    bias (a float sum). Returns the weight-gradient accumulator."""
     if grad_b is not None:
-        grad_b += dzf.sum(0)
-    dz = dzf.to(weight.dtype)  # the GEMM operands are in the weight's dtype
-    del dzf
+        grad_b += dz.sum(0, dtype=grad_b.dtype)
     if grad_h is not None:
-        grad_h[start:start + dz.shape[0]] = ops.linear_dgrad(dz, weight)
-    if grad_w is not None:
-        ops.linear_wgrad_accumulate_(grad_w, dz, hc)
+        grad_h[rows] = ops.linear_dgrad(dz, weight)
+    if grad_w is None:
+        return None
+    if grad_w.shape != weight.shape:  # first chunk: nothing to accumulate into yet
+        if grad_w.dtype == weight.dtype:
+            return ops.linear_wgrad(dz, hc)
+        grad_w = torch.zeros(weight.shape, dtype=grad_w.dtype, device=weight.device)
+    ops.linear_wgrad_accumulate_(grad_w, dz, hc)
+    return grad_w
+
+
+def _run_chunks(hidden, weight, bias, target, row_scale, ignore_index, label_smoothing, chunk,
+                need_h, need_w, need_b, keep_loss):
+    """The chunk loop shared by the two operators: per chunk, the logits GEMM, the
+    cross-entropy kernel (gradient written over the logits when any is needed, scaled per token
+    by ``row_scale`` when given) and the gradient GEMMs. Returns (per-token loss or None,
+    grad_h, grad_w accumulator, grad_b accumulator), None for what was not asked for."""
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = target.reshape(-1)
+    tokens, vocab = h.shape[0], weight.shape[0]
+    stat = _stat_dtype(hidden.dtype)
+    loss = torch.empty(tokens, dtype=stat, device=h.device) if keep_loss else None
+    write_grad = need_h or need_w or need_b
+    grad_h = torch.empty_like(h) if need_h else None
+    grad_w = weight.new_empty(0, dtype=_wgrad_dtype(weight.dtype)) if need_w else None
+    grad_b = torch.zeros(vocab, dtype=stat, device=h.device) if need_b else None
+    for start in range(0, tokens, chunk):
+        rows = slice(start, min(start + chunk, tokens))
+        hc = h[rows]
+        z = ops.linear(hc, weight, bias)
+        scale = None if row_scale is None else row_scale[rows]
+        chunk_loss, _ = ops.cross_entropy_rows_(z, t[rows], scale, ignore_index, label_smoothing, write_grad)
+        if loss is not None:
+            loss[rows] = chunk_loss
+        if write_grad:
+            grad_w = _chunk_grads(z, hc, weight, rows, grad_h, grad_w, grad_b)
+        del z
+    if grad_w is not None and grad_w.shape != weight.shape:  # no tokens
+        grad_w = torch.zeros(weight.shape, dtype=grad_w.dtype, device=weight.device)
+    if grad_h is not None:
+        grad_h = grad_h.reshape(hidden.shape)
+    return loss, grad_h, grad_w, grad_b
+
+
+@torch.library.custom_op("cutlass_nn::_linear_cross_entropy_forward", mutates_args=())
+def _forward_op(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, ignore_index: int,
+    label_smoothing: float, chunk: int, need_h: bool, need_w: bool, need_b: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(loss per token [tokens] in the statistics dtype, grad_h [*, hidden], grad_w [vocab,
+    hidden] in _wgrad_dtype, grad_b [vocab] in the statistics dtype), the gradients those of
+    the *sum* of the per-token losses and empty [0] tensors unless asked for."""
+    with torch.no_grad():
+        loss, grad_h, grad_w, grad_b = _run_chunks(
+            hidden, weight, bias, target, None, ignore_index, label_smoothing, chunk,
+            need_h, need_w, need_b, keep_loss=True)
+    return (
+        loss,
+        _placeholder(hidden) if grad_h is None else grad_h,
+        _placeholder(weight) if grad_w is None else grad_w,
+        _placeholder(loss) if grad_b is None else grad_b,
+    )
+
+
+@_forward_op.register_fake
+def _forward_fake(hidden, weight, bias, target, ignore_index, label_smoothing, chunk, need_h,
+                  need_w, need_b):
+    stat = _stat_dtype(hidden.dtype)
+    tokens = target.numel()
+    return (
+        hidden.new_empty(tokens, dtype=stat),
+        hidden.new_empty(hidden.shape) if need_h else hidden.new_empty(0),
+        weight.new_empty(weight.shape, dtype=_wgrad_dtype(weight.dtype)) if need_w else weight.new_empty(0),
+        hidden.new_empty(weight.shape[0], dtype=stat) if need_b else hidden.new_empty(0, dtype=stat),
+    )
+
+
+@torch.library.custom_op("cutlass_nn::_linear_cross_entropy_backward", mutates_args=())
+def _backward_op(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, grad_loss: Tensor,
+    ignore_index: int, label_smoothing: float, chunk: int, need_h: bool, need_w: bool,
+    need_b: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """reduction="none": (grad_h, grad_w, grad_b) in the dtypes of hidden / weight / bias (empty
+    [0] tensors unless asked for) for per-token incoming gradients grad_loss [tokens] in the
+    statistics dtype; the chunks' logits are recomputed."""
+    with torch.no_grad():
+        _, grad_h, grad_w, grad_b = _run_chunks(
+            hidden, weight, bias, target, grad_loss, ignore_index, label_smoothing, chunk,
+            need_h, need_w, need_b, keep_loss=False)
+    return (
+        _placeholder(hidden) if grad_h is None else grad_h,
+        _placeholder(weight) if grad_w is None else grad_w.to(weight.dtype),
+        _placeholder(hidden) if grad_b is None else grad_b.to(weight.dtype),
+    )
+
+
+@_backward_op.register_fake
+def _backward_fake(hidden, weight, bias, target, grad_loss, ignore_index, label_smoothing, chunk,
+                   need_h, need_w, need_b):
+    return (
+        hidden.new_empty(hidden.shape) if need_h else hidden.new_empty(0),
+        weight.new_empty(weight.shape) if need_w else weight.new_empty(0),
+        hidden.new_empty(weight.shape[0]) if need_b else hidden.new_empty(0),
+    )
+
+
+def _last_read_of_saved_tensors() -> bool:
+    """True when this backward is the last that can read the saved tensors: the graph is not
+    kept (no retain_graph / create_graph) and nothing is being traced (tracing expresses the
+    out-of-place form without a mutation)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not torch.ops.cutlass_nn._autograd_keeps_graph()
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -161,11 +241,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx, hidden, weight, bias, target, ignore_index, reduction, label_smoothing, chunk,
         out_dtype, grad_enabled,
     ):
-        h = hidden.reshape(-1, hidden.shape[-1])
-        t = target.reshape(-1)
-        tokens, vocab = h.shape[0], weight.shape[0]
-        compute = _compute_dtype(hidden.dtype)
-        math = _ChunkMath(vocab, ignore_index, label_smoothing)
         # needs_input_grad says True under torch.no_grad() too: grad_enabled (the caller's
         # grad mode) keeps an evaluation pass from forming gradients nobody will read
         need_h = grad_enabled and ctx.needs_input_grad[0]
@@ -173,107 +248,70 @@ class _LinearCrossEntropy(torch.autograd.Function):
         need_b = grad_enabled and bias is not None and ctx.needs_input_grad[2]
         need_grad = need_h or need_w or need_b
         eager_grads = need_grad and reduction != "none"
-        valid_all = t != ignore_index
-        n_valid = valid_all.sum()
-        # mean: every token's gradient is scaled by 1 / n_valid (a tensor: no host sync). The
-        # scale is applied in the backward, together with the incoming gradient (an fp16 loss
-        # scale, for instance), in float: folded in before the chunk gradients are rounded to
-        # 16 bits, it would flush the small ones to zero.
-        # (With every token ignored the mean is NaN, as in torch, and the gradients are 0.)
-        if reduction == "mean":
-            count = n_valid.to(compute)
-            scale = torch.where(count > 0, 1.0 / count.clamp_min(1), torch.zeros_like(count))
-        else:
-            scale = torch.ones((), dtype=compute, device=h.device)
-
-        loss_tok = torch.empty(tokens, dtype=compute, device=h.device)
-        lse_all = torch.empty(tokens, dtype=compute, device=h.device) if need_grad and not eager_grads else None
-        grad_h = torch.empty_like(h) if eager_grads and need_h else None
-        acc_dtype = compute if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
-        grad_w = torch.zeros(weight.shape, dtype=acc_dtype, device=h.device) if eager_grads and need_w else None
-        grad_b = torch.zeros(vocab, dtype=compute, device=h.device) if eager_grads and need_b else None
-
-        for start in range(0, tokens, chunk):
-            end = min(start + chunk, tokens)
-            hc = h[start:end]
-            valid, safe, bad = math.targets(t[start:end])
-            z = _logits(hc, weight, bias, compute)
-            lse = torch.logsumexp(z, dim=-1)
-            loss = math.loss(z, lse, safe)
-            loss = torch.where(valid, loss, torch.zeros_like(loss))
-            loss_tok[start:end] = torch.where(bad, torch.full_like(loss, float("nan")), loss)
-            if lse_all is not None:
-                lse_all[start:end] = lse
-            if eager_grads:
-                held = [math.logit_grad_(z, lse, safe, math.row_scale(valid, bad))]
-                del z
-                _add_chunk_grads(held, hc, weight, start, grad_h, grad_w, grad_b)
-
+        loss_tok, grad_h, grad_w, grad_b = _forward_op(
+            hidden, weight, bias, target, ignore_index, label_smoothing, chunk,
+            eager_grads and need_h, eager_grads and need_w, eager_grads and need_b,
+        )
+        stat = loss_tok.dtype
+        n_valid = (target != ignore_index).sum()
         if reduction == "none":
             out = loss_tok.reshape(target.shape)
         elif reduction == "sum":
             out = loss_tok.sum()
         else:
-            out = loss_tok.sum() / n_valid.to(compute)
+            out = loss_tok.sum() / n_valid.to(stat)
         out = out.to(out_dtype)
 
         ctx.reduction = reduction
+        ctx.need = (need_h, need_w, need_b)
         ctx.weight_dtype = weight.dtype
-        ctx.hidden_shape = hidden.shape
-        ctx.has_bias = bias is not None
         if eager_grads:
+            # mean: every token's gradient is scaled by 1 / n_valid (a tensor: no host sync),
+            # applied in the backward together with the incoming gradient (an fp16 loss scale,
+            # for instance) in float: folded in before the chunk gradients are rounded to 16
+            # bits, it would flush the small ones to zero. With every token ignored the mean is
+            # NaN, as in torch, and the gradients are 0.
+            if reduction == "mean":
+                count = n_valid.to(stat)
+                scale = torch.where(count > 0, 1.0 / count.clamp_min(1), torch.zeros_like(count))
+            else:
+                scale = torch.ones((), dtype=stat, device=loss_tok.device)
             ctx.save_for_backward(grad_h, grad_w, grad_b, scale)
         elif need_grad:
-            ctx.chunk = chunk
-            ctx.math = math
-            ctx.save_for_backward(hidden, weight, bias, target, lse_all)
+            ctx.args = (ignore_index, label_smoothing, chunk)
+            ctx.save_for_backward(hidden, weight, bias, target)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        need_h, need_w, need_b = ctx.need
+        dh = dw = db = None
         if ctx.reduction != "none":
             grad_h, grad_w, grad_b, scale = ctx.saved_tensors
             # the incoming gradient times the reduction's scale, in float, applied to the
-            # unscaled per-chunk gradients of the forward
+            # gradients of the summed loss formed in the forward
             factor = grad_out.to(scale.dtype) * scale
-            dh = dw = db = None
-            if grad_h is not None:
-                dh = (grad_h.to(factor.dtype) * factor).to(grad_h.dtype).reshape(ctx.hidden_shape)
-            if grad_w is not None:
-                dw = (grad_w * factor.to(grad_w.dtype)).to(ctx.weight_dtype)
-            if grad_b is not None:
+            if need_h:
+                dh = (grad_h.to(factor.dtype) * factor).to(grad_h.dtype)
+            if need_w:
+                if grad_w.dtype == ctx.weight_dtype and _last_read_of_saved_tensors():
+                    # in place: no second weight-sized buffer at the start of the backward
+                    dw = grad_w.mul_(factor)
+                else:
+                    dw = torch.mul(grad_w, factor).to(ctx.weight_dtype)  # as mul_ rounds
+            if need_b:
                 db = (grad_b * factor).to(ctx.weight_dtype)
             return dh, dw, db, None, None, None, None, None, None, None
-        return _backward_recompute(ctx, grad_out)
-
-
-def _backward_recompute(ctx, grad_out: Tensor):
-    """reduction="none": per-token incoming gradients; the logits are recomputed per chunk."""
-    hidden, weight, bias, target, lse_all = ctx.saved_tensors
-    math: _ChunkMath = ctx.math
-    h = hidden.reshape(-1, hidden.shape[-1])
-    t = target.reshape(-1)
-    compute = _compute_dtype(hidden.dtype)
-    g = grad_out.reshape(-1).to(compute)
-    need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    need_b = bias is not None and ctx.needs_input_grad[2]
-    grad_h = torch.empty_like(h) if need_h else None
-    acc_dtype = compute if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
-    grad_w = torch.zeros(weight.shape, dtype=acc_dtype, device=h.device) if need_w else None
-    grad_b = torch.zeros(weight.shape[0], dtype=compute, device=h.device) if need_b else None
-    for start in range(0, h.shape[0], ctx.chunk):
-        end = min(start + ctx.chunk, h.shape[0])
-        hc = h[start:end]
-        valid, safe, bad = math.targets(t[start:end])
-        z = _logits(hc, weight, bias, compute)
-        held = [math.logit_grad_(z, lse_all[start:end], safe, math.row_scale(valid, bad) * g[start:end])]
-        del z
-        _add_chunk_grads(held, hc, weight, start, grad_h, grad_w, grad_b)
-    dh = None if grad_h is None else grad_h.reshape(hidden.shape)
-    dw = None if grad_w is None else grad_w.to(weight.dtype)
-    db = None if grad_b is None else grad_b.to(weight.dtype)
-    return dh, dw, db, None, None, None, None, None, None, None
+        hidden, weight, bias, target = ctx.saved_tensors
+        ignore_index, label_smoothing, chunk = ctx.args
+        g = grad_out.reshape(-1).to(_stat_dtype(hidden.dtype)).contiguous()
+        gh, gw, gb = _backward_op(
+            hidden, weight, bias, target, g, ignore_index, label_smoothing, chunk,
+            need_h, need_w, need_b,
+        )
+        return (gh if need_h else None, gw if need_w else None, gb if need_b else None,
+                None, None, None, None, None, None, None)
 
 
 def linear_cross_entropy(
@@ -299,7 +337,8 @@ def linear_cross_entropy(
         reduction: ``"mean"`` (over the non-ignored tokens; NaN when every token is ignored, as
             in torch), ``"sum"`` or ``"none"`` (a loss per token, 0 for ignored ones).
         label_smoothing: in ``[0, 1]``, torch's definition.
-        chunk_size: tokens per chunk; None picks about 256 MiB of float32 logits per chunk.
+        chunk_size: tokens per chunk; None picks about 512 MiB of logits per chunk
+            (:data:`DEFAULT_CHUNK_BYTES`).
 
     The log-sum-exp and loss are float32 (float64 for float64 inputs), computed from logits
     rounded to ``hidden``'s dtype (as the unfused head rounds them); the loss is returned in
@@ -328,7 +367,7 @@ def linear_cross_entropy(
 
         hidden, weight, bias = cast(hidden), cast(weight), cast(bias)
     _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_size)
-    chunk = _chunk_rows(target.numel(), weight.shape[0], chunk_size)
+    chunk = _chunk_rows(target.numel(), weight.shape[0], weight.element_size(), chunk_size)
     with torch.autocast(device_type, enabled=False):
         # autocast runs cross_entropy in float32: under it the loss comes back in float32 (it is
         # computed in float32); otherwise in hidden's dtype, as the unfused head's

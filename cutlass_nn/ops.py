@@ -199,6 +199,28 @@ def gated_act_backward_(grad_output: Tensor, gate_up: Tensor, activation: str = 
     return _ops.gated_act_backward_.default(grad_output, gate_up, activation)
 
 
+def cross_entropy_rows_(
+    logits: Tensor,
+    target: Tensor,
+    row_scale: Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    write_grad: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Cross-entropy of each row of ``logits`` ``[rows, vocab]`` (contiguous) against
+    ``target`` ``[rows]`` (int64): ``(loss, lse)``, both ``[rows]`` in float32 (float64 for
+    float64 logits), ``lse`` being each row's log-sum-exp. ``loss`` follows
+    ``F.cross_entropy(..., reduction="none", label_smoothing=...)``: 0 where ``target ==
+    ignore_index``; NaN where the target is outside ``[0, vocab)``. With ``write_grad``, each
+    row is overwritten in place with ``d loss / d logits`` times ``row_scale`` (``[rows]`` in
+    the statistics dtype; 1 when None), in float and rounded once: zeros for ignored rows, NaN
+    for out-of-range ones. One read for the statistics, one read and one write for the
+    gradient. The building block of :func:`cutlass_nn.functional.linear_cross_entropy`; not
+    differentiable itself."""
+    return _ops.cross_entropy_rows_.default(
+        logits, target, row_scale, int(ignore_index), float(label_smoothing), bool(write_grad)
+    )
+
 def gated_mlp(
     input: Tensor,
     gate_weight: Tensor,
@@ -558,6 +580,43 @@ def _gated_act_backward_inplace_fake(grad_output, gate_up, activation):
     _, out = _gated_act_backward_fake(grad_output, gate_up, activation)
     return out
 
+
+@torch.library.register_fake("cutlass_nn::cross_entropy_rows_")
+def _cross_entropy_rows_fake(logits, target, row_scale, ignore_index, label_smoothing, write_grad):
+    op = "cross_entropy_rows_"
+    _fake_common(op, "logits", logits, {})
+    _check(logits.dim() == 2, op, "argument 'logits' must be a 2-D tensor [rows, vocab]")
+    _check(logits.shape[1] >= 1, op, "argument 'logits' must have at least one class (vocab >= 1)")
+    _check(
+        logits.is_contiguous(),
+        op,
+        f"argument 'logits' must be contiguous (it is written in place), got strides {list(logits.stride())}",
+    )
+    _check(
+        target.dtype == torch.int64,
+        op,
+        f"argument 'target' must be an int64 tensor of class indices, got {_dtype_name(target.dtype)}",
+    )
+    _check(
+        target.dim() == 1 and target.shape[0] == logits.shape[0],
+        op,
+        f"argument 'target' must be a 1-D tensor of size {logits.shape[0]}, got shape {list(target.shape)}",
+    )
+    stat = _stat_dtype(logits.dtype)
+    if row_scale is not None:
+        _check(
+            row_scale.dtype == stat and row_scale.dim() == 1 and row_scale.shape[0] == logits.shape[0],
+            op,
+            f"argument 'row_scale' must be a {_dtype_name(stat)} tensor of shape [{logits.shape[0]}], "
+            f"got {_dtype_name(row_scale.dtype)} of shape {list(row_scale.shape)}",
+        )
+    _check(
+        0.0 <= label_smoothing <= 1.0,
+        op,
+        f"argument 'label_smoothing' must be in [0, 1], got {label_smoothing}",
+    )
+    rows = logits.shape[0]
+    return logits.new_empty((rows,), dtype=stat), logits.new_empty((rows,), dtype=stat)
 
 def _fake_bias(op: str, name: str, bias: Tensor | None, size, ref: Tensor) -> None:
     if bias is None:

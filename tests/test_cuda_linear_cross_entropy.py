@@ -65,7 +65,7 @@ def test_peak_memory_is_a_fraction_of_the_unfused_head():
     fused = lambda: F.linear_cross_entropy(h, w, t)  # noqa: E731
     peak(fused), peak(unfused)
     ours, theirs = peak(fused), peak(unfused)
-    assert ours <= 0.5 * theirs, (ours, theirs)
+    assert ours <= 0.35 * theirs, (ours, theirs)
 
 
 def test_out_of_range_target_is_nan_not_a_fault():
@@ -90,3 +90,14 @@ def test_compile_matches_eager():
     torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-5)
     for a, b in zip(ge, gc):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_kept_graph_gives_the_same_gradient_twice():
+    h = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(5000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, 5000, (300,), device="cuda")
+    loss = F.linear_cross_entropy(h, w, t, chunk_size=128)
+    g1 = torch.autograd.grad(loss, (h, w), retain_graph=True)
+    g2 = torch.autograd.grad(loss, (h, w))
+    for a, b in zip(g1, g2):
+        assert torch.equal(a, b)

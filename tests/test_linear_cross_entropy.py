@@ -254,3 +254,32 @@ def test_no_gradient_work_under_no_grad():
     assert "cutlass_nn::linear" in names
     assert not names & {"cutlass_nn::linear_dgrad", "cutlass_nn::linear_wgrad_accumulate_"}
     torch.testing.assert_close(loss, reference(h, w, t, b).detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+def test_second_backward_through_a_kept_graph_accumulates_the_same_gradients(dtype):
+    # the weight gradient is scaled in place only when no later backward can read it
+    gen = torch.Generator().manual_seed(21)
+    h, w, b, t = make(gen, dtype=dtype, bias=False)
+    loss = F.linear_cross_entropy(h, w, t, chunk_size=4)
+    loss.backward(retain_graph=True)
+    first = (h.grad.clone(), w.grad.clone())
+    loss.backward()
+    torch.testing.assert_close(h.grad, 2 * first[0])
+    torch.testing.assert_close(w.grad, 2 * first[1])
+    h.grad = w.grad = None
+    F.linear_cross_entropy(h, w, t, chunk_size=4).backward()
+    torch.testing.assert_close(w.grad, first[1], rtol=0, atol=0)
+
+
+def test_bfloat16_weight_gradient_accumulates_in_bfloat16_and_float16_in_float32():
+    gen = torch.Generator().manual_seed(22)
+    for dtype in (torch.bfloat16, torch.float16):
+        h, w, b, t = make(gen, shape=(40,), hidden=8, vocab=30, dtype=dtype, bias=False)
+        loss = F.linear_cross_entropy(h, w, t, chunk_size=7)
+        loss.backward()
+        ref_h, ref_w = torch.autograd.grad(
+            reference(h.double(), w.double(), t), (h, w))
+        assert w.grad.dtype == dtype
+        torch.testing.assert_close(w.grad.double(), ref_w.double(), rtol=3e-2, atol=3e-3)
+        torch.testing.assert_close(h.grad.double(), ref_h.double(), rtol=3e-2, atol=3e-3)

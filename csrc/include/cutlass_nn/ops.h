@@ -176,6 +176,19 @@ inline at::Tensor gated_act_backward_(const at::Tensor& grad_output, const at::T
   return op.call(grad_output, gate_up, activation);
 }
 
+// Cross-entropy rows of logits [rows, vocab] (contiguous) against target [rows] (int64):
+// (loss, lse) in float32 (float64 for float64 logits); with write_grad, logits is overwritten
+// with d loss / d logits times row_scale (1 when absent). See csrc/ops_registry.cpp.
+inline std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_(
+    const at::Tensor& logits, const at::Tensor& target,
+    const std::optional<at::Tensor>& row_scale = std::nullopt, int64_t ignore_index = -100,
+    double label_smoothing = 0.0, bool write_grad = true) {
+  static const auto op = detail::find_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double,
+      bool)>("cutlass_nn::cross_entropy_rows_");
+  return op.call(logits, target, row_scale, ignore_index, label_smoothing, write_grad);
+}
+
 // down(act(gate(input)) * up(input)): gate_weight, up_weight [n, in], down_weight [out, n];
 // biases optional (gate_bias and up_bias both or neither). Differentiable.
 inline at::Tensor gated_mlp(const at::Tensor& input, const at::Tensor& gate_weight,
