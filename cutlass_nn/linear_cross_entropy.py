@@ -13,10 +13,10 @@ tokens can exceed). So no ``[tokens, vocab]`` tensor exists, and for a reduced l
 stored gradients by the incoming scalar (in place in eager mode). With ``reduction="none"`` the
 incoming gradient is per token, so the backward recomputes the chunks' logits.
 
-The chunk loops are two custom operators (``cutlass_nn::_linear_cross_entropy_forward`` /
-``_backward``) so that ``torch.compile`` treats them as opaque calls instead of tracing (and
-functionalizing) their in-place accumulation; ``_LinearCrossEntropy`` is the
-``torch.autograd.Function`` around them (first derivatives only).
+The loss is a custom operator (``cutlass_nn::_linear_cross_entropy``, its chunk loop opaque
+to ``torch.compile``) with its autograd formula registered on it (first derivatives only);
+the recomputing backward of ``reduction="none"`` is a second one
+(``cutlass_nn::_linear_cross_entropy_backward``).
 """
 
 from __future__ import annotations
@@ -163,36 +163,56 @@ def _run_chunks(hidden, weight, bias, target, row_scale, ignore_index, label_smo
     return loss, grad_h, grad_w, grad_b
 
 
-@torch.library.custom_op("cutlass_nn::_linear_cross_entropy_forward", mutates_args=())
-def _forward_op(
+@torch.library.custom_op("cutlass_nn::_linear_cross_entropy", mutates_args=())
+def _loss_op(
     hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, ignore_index: int,
-    label_smoothing: float, chunk: int, need_h: bool, need_w: bool, need_b: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(loss per token [tokens] in the statistics dtype, grad_h [*, hidden], grad_w [vocab,
-    hidden] in _wgrad_dtype, grad_b [vocab] in the statistics dtype), the gradients those of
-    the *sum* of the per-token losses and empty [0] tensors unless asked for."""
+    reduction: str, label_smoothing: float, chunk: int, need_h: bool, need_w: bool, need_b: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(loss, grad_h, grad_w, grad_b, scale). loss: reduced as asked (``[*]`` for "none"), in the
+    statistics dtype. For "mean" / "sum" and each need_* flag, the gradient of the *summed*
+    per-token losses (grad_w in _wgrad_dtype, grad_b in the statistics dtype), else an empty
+    [0] tensor; scale: the factor that turns them into the reduction's gradients (1 / the
+    number of counted tokens for "mean", 1 for "sum"). What the autograd formula below saves."""
+    eager_grads = reduction != "none"
     with torch.no_grad():
-        loss, grad_h, grad_w, grad_b = _run_chunks(
+        loss_tok, grad_h, grad_w, grad_b = _run_chunks(
             hidden, weight, bias, target, None, ignore_index, label_smoothing, chunk,
-            need_h, need_w, need_b, keep_loss=True)
+            eager_grads and need_h, eager_grads and need_w, eager_grads and need_b, keep_loss=True)
+        stat = loss_tok.dtype
+        count = (target != ignore_index).sum().to(stat)
+        if reduction == "none":
+            out = loss_tok.reshape(target.shape)
+        elif reduction == "sum":
+            out = loss_tok.sum()
+        else:
+            out = loss_tok.sum() / count  # NaN with every token ignored, as in torch
+        if reduction == "mean":
+            # a tensor: no host sync; the gradients are 0 with every token ignored
+            scale = torch.where(count > 0, 1.0 / count.clamp_min(1), torch.zeros_like(count))
+        else:
+            scale = torch.ones((), dtype=stat, device=loss_tok.device)
     return (
-        loss,
+        out,
         _placeholder(hidden) if grad_h is None else grad_h,
         _placeholder(weight) if grad_w is None else grad_w,
-        _placeholder(loss) if grad_b is None else grad_b,
+        _placeholder(loss_tok) if grad_b is None else grad_b,
+        scale,
     )
 
 
-@_forward_op.register_fake
-def _forward_fake(hidden, weight, bias, target, ignore_index, label_smoothing, chunk, need_h,
-                  need_w, need_b):
+@_loss_op.register_fake
+def _loss_fake(hidden, weight, bias, target, ignore_index, reduction, label_smoothing, chunk,
+               need_h, need_w, need_b):
     stat = _stat_dtype(hidden.dtype)
-    tokens = target.numel()
+    eager = reduction != "none"
     return (
-        hidden.new_empty(tokens, dtype=stat),
-        hidden.new_empty(hidden.shape) if need_h else hidden.new_empty(0),
-        weight.new_empty(weight.shape, dtype=_wgrad_dtype(weight.dtype)) if need_w else weight.new_empty(0),
-        hidden.new_empty(weight.shape[0], dtype=stat) if need_b else hidden.new_empty(0, dtype=stat),
+        hidden.new_empty(target.shape if reduction == "none" else (), dtype=stat),
+        hidden.new_empty(hidden.shape) if eager and need_h else hidden.new_empty(0),
+        weight.new_empty(weight.shape, dtype=_wgrad_dtype(weight.dtype)) if eager and need_w
+        else weight.new_empty(0),
+        hidden.new_empty(weight.shape[0], dtype=stat) if eager and need_b
+        else hidden.new_empty(0, dtype=stat),
+        hidden.new_empty((), dtype=stat),
     )
 
 
@@ -235,74 +255,41 @@ def _last_read_of_saved_tensors() -> bool:
     return not torch.ops.cutlass_nn._autograd_keeps_graph()
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx, hidden, weight, bias, target, ignore_index, reduction, label_smoothing, chunk,
-        out_dtype, grad_enabled,
-    ):
-        # needs_input_grad says True under torch.no_grad() too: grad_enabled (the caller's
-        # grad mode) keeps an evaluation pass from forming gradients nobody will read
-        need_h = grad_enabled and ctx.needs_input_grad[0]
-        need_w = grad_enabled and ctx.needs_input_grad[1]
-        need_b = grad_enabled and bias is not None and ctx.needs_input_grad[2]
-        need_grad = need_h or need_w or need_b
-        eager_grads = need_grad and reduction != "none"
-        loss_tok, grad_h, grad_w, grad_b = _forward_op(
-            hidden, weight, bias, target, ignore_index, label_smoothing, chunk,
-            eager_grads and need_h, eager_grads and need_w, eager_grads and need_b,
-        )
-        stat = loss_tok.dtype
-        n_valid = (target != ignore_index).sum()
-        if reduction == "none":
-            out = loss_tok.reshape(target.shape)
-        elif reduction == "sum":
-            out = loss_tok.sum()
-        else:
-            out = loss_tok.sum() / n_valid.to(stat)
-        out = out.to(out_dtype)
+def _setup_context(ctx, inputs, output):
+    hidden, weight, bias, target, ignore_index, reduction, label_smoothing, chunk = inputs[:8]
+    need_h, need_w, need_b = inputs[8:]
+    ctx.reduction = reduction
+    ctx.need = (need_h, need_w, need_b)
+    ctx.weight_dtype = weight.dtype
+    if reduction != "none":
+        _, grad_h, grad_w, grad_b, scale = output
+        ctx.save_for_backward(grad_h, grad_w, grad_b, scale)
+    else:
+        ctx.args = (ignore_index, label_smoothing, chunk)
+        ctx.save_for_backward(hidden, weight, bias, target)
 
-        ctx.reduction = reduction
-        ctx.need = (need_h, need_w, need_b)
-        ctx.weight_dtype = weight.dtype
-        if eager_grads:
-            # mean: every token's gradient is scaled by 1 / n_valid (a tensor: no host sync),
-            # applied in the backward together with the incoming gradient (an fp16 loss scale,
-            # for instance) in float: folded in before the chunk gradients are rounded to 16
-            # bits, it would flush the small ones to zero. With every token ignored the mean is
-            # NaN, as in torch, and the gradients are 0.
-            if reduction == "mean":
-                count = n_valid.to(stat)
-                scale = torch.where(count > 0, 1.0 / count.clamp_min(1), torch.zeros_like(count))
+
+@once_differentiable  # a second derivative through these gradients raises
+def _backward(ctx, grad_out, *_unused_output_grads):
+    need_h, need_w, need_b = ctx.need
+    dh = dw = db = None
+    if ctx.reduction != "none":
+        grad_h, grad_w, grad_b, scale = ctx.saved_tensors
+        # the incoming gradient (an fp16 loss scale, for instance) times the reduction's scale,
+        # in float, applied to the gradients of the summed loss formed in the forward: folded
+        # in before those were rounded to 16 bits, 1 / tokens would flush small ones to zero
+        factor = grad_out.to(scale.dtype) * scale
+        if need_h:
+            dh = (grad_h.to(factor.dtype) * factor).to(grad_h.dtype)
+        if need_w:
+            if grad_w.dtype == ctx.weight_dtype and _last_read_of_saved_tensors():
+                # in place: no second weight-sized buffer at the start of the backward
+                dw = grad_w.mul_(factor)
             else:
-                scale = torch.ones((), dtype=stat, device=loss_tok.device)
-            ctx.save_for_backward(grad_h, grad_w, grad_b, scale)
-        elif need_grad:
-            ctx.args = (ignore_index, label_smoothing, chunk)
-            ctx.save_for_backward(hidden, weight, bias, target)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        need_h, need_w, need_b = ctx.need
-        dh = dw = db = None
-        if ctx.reduction != "none":
-            grad_h, grad_w, grad_b, scale = ctx.saved_tensors
-            # the incoming gradient times the reduction's scale, in float, applied to the
-            # gradients of the summed loss formed in the forward
-            factor = grad_out.to(scale.dtype) * scale
-            if need_h:
-                dh = (grad_h.to(factor.dtype) * factor).to(grad_h.dtype)
-            if need_w:
-                if grad_w.dtype == ctx.weight_dtype and _last_read_of_saved_tensors():
-                    # in place: no second weight-sized buffer at the start of the backward
-                    dw = grad_w.mul_(factor)
-                else:
-                    dw = torch.mul(grad_w, factor).to(ctx.weight_dtype)  # as mul_ rounds
-            if need_b:
-                db = (grad_b * factor).to(ctx.weight_dtype)
-            return dh, dw, db, None, None, None, None, None, None, None
+                dw = torch.mul(grad_w, factor).to(ctx.weight_dtype)  # as mul_ rounds
+        if need_b:
+            db = (grad_b * factor).to(ctx.weight_dtype)
+    else:
         hidden, weight, bias, target = ctx.saved_tensors
         ignore_index, label_smoothing, chunk = ctx.args
         g = grad_out.reshape(-1).to(_stat_dtype(hidden.dtype)).contiguous()
@@ -310,8 +297,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             hidden, weight, bias, target, g, ignore_index, label_smoothing, chunk,
             need_h, need_w, need_b,
         )
-        return (gh if need_h else None, gw if need_w else None, gb if need_b else None,
-                None, None, None, None, None, None, None)
+        dh, dw, db = (gh if need_h else None, gw if need_w else None, gb if need_b else None)
+    return dh, dw, db, None, None, None, None, None, None, None, None
+
+
+_loss_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def linear_cross_entropy(
@@ -372,7 +362,14 @@ def linear_cross_entropy(
         # autocast runs cross_entropy in float32: under it the loss comes back in float32 (it is
         # computed in float32); otherwise in hidden's dtype, as the unfused head's
         out_dtype = torch.float32 if autocast and hidden.dtype != torch.float64 else hidden.dtype
-        return _LinearCrossEntropy.apply(
+        # what needs a gradient, decided here (requires_grad and grad mode) so that an
+        # evaluation pass forms none
+        grad_mode = torch.is_grad_enabled()
+        need_h = grad_mode and hidden.requires_grad
+        need_w = grad_mode and weight.requires_grad
+        need_b = grad_mode and bias is not None and bias.requires_grad
+        out = _loss_op(
             hidden, weight, bias, target, int(ignore_index), reduction, float(label_smoothing),
-            chunk, out_dtype, torch.is_grad_enabled(),
-        )
+            chunk, need_h, need_w, need_b,
+        )[0]
+        return out.to(out_dtype)

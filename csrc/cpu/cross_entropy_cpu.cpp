@@ -21,16 +21,22 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_cpu(
   const int64_t vocab = logits.size(1);
   const double eps = label_smoothing;
   const at::Tensor z = logits.to(stat);
-  const at::Tensor lse = at::logsumexp(z, {1});
+  // as the CUDA kernel: the loss and gradient from (z - m) and log(s), lse = m + log(s)
+  const at::Tensor m = std::get<0>(z.max(1, /*keepdim=*/true));
+  const at::Tensor shifted = z - m;
+  const at::Tensor log_s = shifted.exp().sum(1).log();
+  const at::Tensor m1 = m.squeeze(1);
+  const at::Tensor lse = m1 + log_s;
   const at::Tensor valid = target.ne(ignore_index);
   const at::Tensor bad = valid.logical_and(target.lt(0).logical_or(target.ge(vocab)));
   const at::Tensor safe = at::where(valid.logical_and(bad.logical_not()), target, at::zeros_like(target));
   const at::Tensor zt = z.gather(1, safe.unsqueeze(1)).squeeze(1);
-  at::Tensor loss = eps == 0.0 ? lse - zt : lse - (1.0 - eps) * zt - (eps / vocab) * z.sum(1);
+  at::Tensor loss = eps == 0.0 ? log_s + (m1 - zt)
+                               : log_s + (1.0 - eps) * (m1 - zt) + eps * (m1 - z.mean(1));
   const at::Tensor nan = at::full({}, std::numeric_limits<double>::quiet_NaN(), loss.options());
   loss = at::where(bad, nan, at::where(valid, loss, at::zeros_like(loss)));
   if (write_grad) {
-    at::Tensor g = at::exp(z - lse.unsqueeze(1));
+    at::Tensor g = at::exp(shifted - log_s.unsqueeze(1));
     if (eps != 0.0) g.sub_(eps / vocab);
     const at::Tensor rows = at::arange(logits.size(0), target.options());
     g.index_put_({rows, safe}, at::full({}, -(1.0 - eps), g.options()), /*accumulate=*/true);

@@ -131,13 +131,19 @@ __global__ void __launch_bounds__(kMaxThreads)
     // the target's logit, read before block_stats' barriers and so before pass 2 overwrites it
     const A zt = (threadIdx.x == 0 && valid && !bad) ? to_acc(z[t]) : A(0);
     const Stats<A> total = block_stats(st, scratch);
-    const A lse = total.m + log_acc(total.s);
+    // lse = m + log(s). The loss and the gradient are formed from (z - m) and log(s) rather
+    // than from lse, so that large logits lose no digits to the cancellation lse - z.
+    const A log_s = log_acc(total.s);
+    const A lse = total.m + log_s;
     if (threadIdx.x == 0) {
       A l = A(0);
       if (bad) {
         l = A(NAN);
       } else if (valid) {
-        l = smooth ? lse - (A(1) - eps) * zt - eps_per_class * total.z : lse - zt;
+        // lse - (1 - eps) z_t - eps mean(z) = log s + (1 - eps)(m - z_t) + eps (m - mean(z))
+        l = smooth ? log_s + (A(1) - eps) * (total.m - zt) +
+                         eps * (total.m - total.z / static_cast<A>(vocab))
+                   : log_s + (total.m - zt);
       }
       loss[row] = l;
       lse_out[row] = lse;
@@ -158,7 +164,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       load_vec<T, kV>(z + p * kV, v);
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
-        A g = exp_acc(v[k] - lse) - eps_per_class;
+        A g = exp_acc((v[k] - total.m) - log_s) - eps_per_class;
         if (p * kV + k == t) g -= target_term;
         v[k] = g * scale;
       }
