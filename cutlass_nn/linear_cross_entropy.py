@@ -258,6 +258,9 @@ def _last_read_of_saved_tensors() -> bool:
 def _setup_context(ctx, inputs, output):
     hidden, weight, bias, target, ignore_index, reduction, label_smoothing, chunk = inputs[:8]
     need_h, need_w, need_b = inputs[8:]
+    # the saved-gradient outputs never receive gradients: no zero tensors of their sizes (a
+    # weight-sized one among them) for the backward to ignore
+    ctx.set_materialize_grads(False)
     ctx.reduction = reduction
     ctx.need = (need_h, need_w, need_b)
     ctx.weight_dtype = weight.dtype
@@ -273,7 +276,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_out, *_unused_output_grads):
     need_h, need_w, need_b = ctx.need
     dh = dw = db = None
-    if ctx.reduction != "none":
+    if grad_out is None:  # not materialized: nothing reached the loss
+        pass
+    elif ctx.reduction != "none":
         grad_h, grad_w, grad_b, scale = ctx.saved_tensors
         # the incoming gradient (an fp16 loss scale, for instance) times the reduction's scale,
         # in float, applied to the gradients of the summed loss formed in the forward: folded
