@@ -201,7 +201,7 @@ void check_cross_entropy_rows_args(const at::Tensor& logits, const at::Tensor& t
   }
   TORCH_CHECK(std::isfinite(label_smoothing) && label_smoothing >= 0.0 && label_smoothing <= 1.0,
               "cutlass_nn.", op, ": argument 'label_smoothing' must be in [0, 1], got ",
-              label_smoothing);
+              std::to_string(label_smoothing));  // a string: see the eps check below
 }
 
 void check_gated_mlp_args(const at::Tensor& input, const at::Tensor& gate_weight,
@@ -281,6 +281,8 @@ void check_rms_norm_args(const char* op, const at::Tensor& input, const at::Tens
     check_same_shape(op, "residual", *residual, "input", input);
   }
   check_norm_weight(op, weight, "input", input);
+  // doubles go into messages as strings: streaming a double into the message crashed the
+  // CUDA-flavor build on the GPU machine (torch 2.11)
   TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, "cutlass_nn.", op,
               ": argument 'eps' must be a finite number >= 0, got ", std::to_string(eps));
 }
