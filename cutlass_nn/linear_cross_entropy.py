@@ -6,9 +6,10 @@ bias), target)``, computed over chunks of tokens. For each chunk: the logits GEM
 (``ops.cross_entropy_rows_``) that computes each token's float32 log-sum-exp and loss and, when
 gradients are needed, writes the logit gradient ``softmax - target distribution`` over the
 chunk's logits; then the hidden-state gradient GEMM (``linear_dgrad``) and the weight gradient,
-accumulated over the chunks in place (``linear_wgrad_accumulate_``: in the weight's dtype for
-bfloat16 / float32 / float64 weights, in float32 for float16 ones, whose range a sum over many
-tokens can exceed). So no ``[tokens, vocab]`` tensor exists, and for a reduced loss (``"mean"``
+accumulated over the chunks in place (``linear_wgrad_accumulate_``: in the weight's dtype
+for float32 / float64 weights and for bfloat16 ones over at most ``MAX_LOW_PRECISION_CHUNKS``
+chunks, in float32 otherwise: float16's range is too small for sums over many tokens, and each
+bfloat16 chunk adds one rounding). So no ``[tokens, vocab]`` tensor exists, and for a reduced loss (``"mean"``
 / ``"sum"``) the three GEMMs of the unfused head are not repeated: the backward only scales the
 stored gradients by the incoming scalar (in place in eager mode). With ``reduction="none"`` the
 incoming gradient is per token, so the backward recomputes the chunks' logits.
@@ -27,7 +28,7 @@ from torch.autograd.function import once_differentiable
 
 from cutlass_nn import ops
 
-__all__ = ["linear_cross_entropy", "REDUCTIONS", "DEFAULT_CHUNK_BYTES"]
+__all__ = ["linear_cross_entropy", "REDUCTIONS", "DEFAULT_CHUNK_BYTES", "MAX_LOW_PRECISION_CHUNKS"]
 
 #: ``reduction`` values, as for ``F.cross_entropy``
 REDUCTIONS = ("mean", "sum", "none")
@@ -35,6 +36,11 @@ REDUCTIONS = ("mean", "sum", "none")
 #: tokens at a 128k vocabulary in bfloat16); the count is rounded down to a multiple of 128
 #: tokens (the GEMM tile height) when it is larger than that
 DEFAULT_CHUNK_BYTES = 512 << 20
+
+#: at most this many chunks accumulate a bfloat16 weight gradient in bfloat16 (each adds one
+#: rounding of the running sum: at 8 chunks the error is about twice the unfused head's single
+#: rounding); more chunks accumulate in float32
+MAX_LOW_PRECISION_CHUNKS = 8
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -99,10 +105,19 @@ def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _wgrad_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The weight-gradient accumulator's dtype: float16's range is too small for sums over many
-    tokens, so float16 weights accumulate in float32; bfloat16 has float32's range."""
-    return torch.float32 if dtype == torch.float16 else dtype
+def _chunk_count(tokens: int, chunk: int) -> int:
+    return -(-tokens // chunk)
+
+
+def _wgrad_dtype(dtype: torch.dtype, chunks: int) -> torch.dtype:
+    """The weight-gradient accumulator's dtype. float16's range is too small for sums over many
+    tokens: float32. bfloat16 has float32's range but 8 bits of mantissa, and each chunk adds one
+    rounding of the running sum: bfloat16 (no weight-sized float32 buffer) up to
+    MAX_LOW_PRECISION_CHUNKS chunks, float32 beyond (where the unfused head's logits would be
+    far larger than that buffer)."""
+    if dtype == torch.float16 or (dtype == torch.bfloat16 and chunks > MAX_LOW_PRECISION_CHUNKS):
+        return torch.float32
+    return dtype
 
 
 def _placeholder(like: Tensor) -> Tensor:
@@ -143,7 +158,8 @@ def _run_chunks(hidden, weight, bias, target, row_scale, ignore_index, label_smo
     loss = torch.empty(tokens, dtype=stat, device=h.device) if keep_loss else None
     write_grad = need_h or need_w or need_b
     grad_h = torch.empty_like(h) if need_h else None
-    grad_w = weight.new_empty(0, dtype=_wgrad_dtype(weight.dtype)) if need_w else None
+    wgrad_dtype = _wgrad_dtype(weight.dtype, _chunk_count(tokens, chunk))
+    grad_w = weight.new_empty(0, dtype=wgrad_dtype) if need_w else None
     grad_b = torch.zeros(vocab, dtype=stat, device=h.device) if need_b else None
     for start in range(0, tokens, chunk):
         rows = slice(start, min(start + chunk, tokens))
@@ -208,7 +224,8 @@ def _loss_fake(hidden, weight, bias, target, ignore_index, reduction, label_smoo
     return (
         hidden.new_empty(target.shape if reduction == "none" else (), dtype=stat),
         hidden.new_empty(hidden.shape) if eager and need_h else hidden.new_empty(0),
-        weight.new_empty(weight.shape, dtype=_wgrad_dtype(weight.dtype)) if eager and need_w
+        weight.new_empty(weight.shape, dtype=_wgrad_dtype(weight.dtype, _chunk_count(target.numel(), chunk)))
+        if eager and need_w
         else weight.new_empty(0),
         hidden.new_empty(weight.shape[0], dtype=stat) if eager and need_b
         else hidden.new_empty(0, dtype=stat),
@@ -284,14 +301,14 @@ def _backward(ctx, grad_out, *_unused_output_grads):
         # in float, applied to the gradients of the summed loss formed in the forward: folded
         # in before those were rounded to 16 bits, 1 / tokens would flush small ones to zero
         factor = grad_out.to(scale.dtype) * scale
+        # in place when no later backward can read the saved gradients: no second weight-sized
+        # buffer at the start of the backward (a 16-bit tensor times the 0-dim float32 factor is
+        # computed in float and rounded once, in place or not)
+        in_place = _last_read_of_saved_tensors()
         if need_h:
-            dh = (grad_h.to(factor.dtype) * factor).to(grad_h.dtype)
+            dh = grad_h.mul_(factor) if in_place else torch.mul(grad_h, factor)
         if need_w:
-            if grad_w.dtype == ctx.weight_dtype and _last_read_of_saved_tensors():
-                # in place: no second weight-sized buffer at the start of the backward
-                dw = grad_w.mul_(factor)
-            else:
-                dw = torch.mul(grad_w, factor).to(ctx.weight_dtype)  # as mul_ rounds
+            dw = (grad_w.mul_(factor) if in_place else torch.mul(grad_w, factor)).to(ctx.weight_dtype)
         if need_b:
             db = (grad_b * factor).to(ctx.weight_dtype)
     else:

@@ -221,6 +221,7 @@ def cross_entropy_rows_(
         logits, target, row_scale, int(ignore_index), float(label_smoothing), bool(write_grad)
     )
 
+
 def gated_mlp(
     input: Tensor,
     gate_weight: Tensor,
@@ -617,6 +618,7 @@ def _cross_entropy_rows_fake(logits, target, row_scale, ignore_index, label_smoo
     )
     rows = logits.shape[0]
     return logits.new_empty((rows,), dtype=stat), logits.new_empty((rows,), dtype=stat)
+
 
 def _fake_bias(op: str, name: str, bias: Tensor | None, size, ref: Tensor) -> None:
     if bias is None:

@@ -61,10 +61,10 @@ def test_matches_float64(dtype, rows, vocab, smoothing, scaled):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_rows_that_start_unaligned_take_the_element_path(dtype):
-    # a view starting one row into an odd-vocabulary tensor: contiguous, not 16-byte aligned
-    vocab = 1001
-    full = torch.randn(9, vocab, device="cuda").to(dtype)
-    z = full[1:]
+    # a vocabulary the 16-byte packs divide, rows starting one element into the storage:
+    # contiguous, not 16-byte aligned, so only the element path may read them
+    vocab = 1024
+    z = torch.randn(8 * vocab + 1, device="cuda").to(dtype)[1:].view(8, vocab)
     assert z.is_contiguous() and z.data_ptr() % 16 != 0
     t = torch.randint(0, vocab, (8,), device="cuda")
     ref_loss, _, ref_grad = reference(z, t)
@@ -103,3 +103,22 @@ def test_extreme_logits_stay_finite():
     torch.testing.assert_close(loss.double(), ref_loss)
     torch.testing.assert_close(lse.double(), ref_lse)
     torch.testing.assert_close(z.double(), ref_grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_gradient_over_more_rows_than_blocks(dtype):
+    # each block moves on to further rows (the grid-stride loop) while overwriting the previous
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    rows, vocab = 5000, 520
+    z = torch.randn(rows, vocab, device="cuda", generator=gen).to(dtype)
+    t = torch.randint(0, vocab, (rows,), device="cuda", generator=gen)
+    t[::7] = -100
+    scale = torch.rand(rows, device="cuda", generator=gen)
+    ref_loss, _, ref_grad = reference(z, t, scale, 0.1)
+    buf = z.clone()
+    loss, _ = ops.cross_entropy_rows_(buf, t, scale, -100, 0.1, True)
+    torch.testing.assert_close(loss.double(), ref_loss, rtol=2e-5, atol=2e-5)
+    assert (buf.double() - ref_grad).abs().max() <= TOL[dtype][1]
+    cpu = z.cpu().clone()
+    ops.cross_entropy_rows_(cpu, t.cpu(), scale.cpu(), -100, 0.1, True)
+    assert (buf.cpu().double() - cpu.double()).abs().max() <= 2 * TOL[dtype][1]
