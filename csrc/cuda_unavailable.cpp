@@ -38,7 +38,7 @@ void no_cuda_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
   for (const char* op : {"linear", "linear_dgrad", "linear_wgrad", "linear_wgrad_accumulate_",
-                         "bias_grad", "mm", "mm.out", "add2", "linear_act", "linear_act_aux",
+                         "bias_grad", "mm", "mm.out", "add2", "scale_", "linear_act", "linear_act_aux",
                          "activation_grad", "rms_norm", "add_rms_norm", "rms_norm_backward",
                          "gated_act", "gated_act_backward", "gated_act_backward_",
                          "gated_mlp", "cross_entropy_rows_"}) {

@@ -111,6 +111,24 @@ void check_add2_args(const at::Tensor& a, const at::Tensor& b) {
   check_same_shape(op, "b", b, "a", a);
 }
 
+void check_scale_args(const at::Tensor& x, const at::Tensor& factor) {
+  const char* op = "scale_";
+  check_float_dtype(op, "x", x);
+  TORCH_CHECK(x.is_contiguous(), "cutlass_nn.", op,
+              ": argument 'x' must be contiguous (it is scaled in place), got strides ",
+              shape_string(x.strides()));
+  const auto stat = rms_norm_stat_dtype(x.scalar_type());
+  TORCH_CHECK(factor.scalar_type() == stat, "cutlass_nn.", op,
+              ": argument 'factor' must have dtype ", dtype_name(stat),
+              " (the statistics dtype of 'x'), got ", dtype_name(factor.scalar_type()));
+  check_same_device(op, "factor", factor, "x", x);
+  check_dim(op, "factor", factor, 0, "(a single value)");
+  const auto overlap = at::get_overlap_status(x, factor);
+  TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
+              "cutlass_nn.", op,
+              ": argument 'factor' must not share memory with 'x' (which is written in place)");
+}
+
 kernels::Activation parse_activation(const char* op, c10::string_view activation) {
   if (activation == "none") return kernels::Activation::kIdentity;
   if (activation == "relu") return kernels::Activation::kReLU;

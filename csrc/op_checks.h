@@ -77,6 +77,10 @@ void check_mm_out_arg(const at::Tensor& a, const at::Tensor& out);
 // add2(a, b): same shape, dtype and device
 void check_add2_args(const at::Tensor& a, const at::Tensor& b);
 
+// scale_(x, factor): x a contiguous floating tensor (written in place); factor a 0-dim tensor in
+// x's statistics dtype (float32; float64 for float64 x) on x's device, not inside x.
+void check_scale_args(const at::Tensor& x, const at::Tensor& factor);
+
 // cross_entropy_rows_(logits [rows, vocab], target [rows], row_scale [rows]?, ...): logits a
 // contiguous floating tensor with vocab >= 1 (written in place); target int64 on logits'
 // device; row_scale in the statistics dtype (float32; float64 for float64 logits);

@@ -176,6 +176,12 @@ TORCH_LIBRARY(cutlass_nn, m) {
   m.def("mm.out(Tensor a, Tensor b, *, Tensor(a!) out) -> ()", tags);
   // elementwise a + b for same-shape tensors
   m.def("add2(Tensor a, Tensor b) -> Tensor", tags);
+  // x *= factor in place (x contiguous; factor a 0-dim float32 tensor, float64 for float64 x),
+  // computed in the factor's dtype and rounded once. The factor is read where it lives, so a
+  // gradient can be scaled by a device value without a host synchronization; on CUDA a factor of
+  // exactly 1 leaves x untouched without a pass over it (the fused head's backward scales its
+  // saved gradients by the incoming gradient, which is 1 after a plain loss.backward()).
+  m.def("scale_(Tensor(a!) x, Tensor factor) -> ()", tags);
 
   // Linear layer with a fused activation: out = act(input @ weight.T + bias), act one of
   // "none", "relu", "gelu", "gelu_tanh" (torch.nn.functional.gelu approximate="none" / "tanh").

@@ -11,7 +11,11 @@ for float32 / float64 weights and for bfloat16 ones over at most ``MAX_LOW_PRECI
 chunks, in float32 otherwise: float16's range is too small for sums over many tokens, and each
 bfloat16 chunk adds one rounding). So no ``[tokens, vocab]`` tensor exists, and for a reduced loss (``"mean"``
 / ``"sum"``) the three GEMMs of the unfused head are not repeated: the backward only scales the
-stored gradients by the incoming scalar (in place in eager mode). With ``reduction="none"`` the
+stored gradients by the incoming scalar (in place in eager mode, with ``ops.scale_``, which
+reads the scalar on the device and skips the pass when it is 1). For ``"mean"`` the 1 / tokens
+factor is folded into the logit gradient by the row kernel (except for float16, whose range
+would flush small gradients to zero), so after a plain ``loss.backward()`` the backward makes no
+pass over the weight gradient at all. With ``reduction="none"`` the
 incoming gradient is per token, so the backward recomputes the chunks' logits.
 
 The loss is a custom operator (``cutlass_nn::_linear_cross_entropy``, its chunk loop opaque
@@ -27,6 +31,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from cutlass_nn import ops
+from cutlass_nn.ops import _stat_dtype
 
 __all__ = ["linear_cross_entropy", "REDUCTIONS", "DEFAULT_CHUNK_BYTES", "MAX_LOW_PRECISION_CHUNKS"]
 
@@ -101,10 +106,6 @@ def _chunk_rows(tokens: int, vocab: int, element_size: int, chunk_size: int | No
     return max(1, min(max(tokens, 1), rows))
 
 
-def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _chunk_count(tokens: int, chunk: int) -> int:
     return -(-tokens // chunk)
 
@@ -134,7 +135,7 @@ def _chunk_grads(dz: Tensor, hc: Tensor, weight: Tensor, rows: slice, grad_h, gr
     if grad_b is not None:
         grad_b += dz.sum(0, dtype=grad_b.dtype)
     if grad_h is not None:
-        grad_h[rows] = ops.linear_dgrad(dz, weight)
+        ops.mm_out(dz, weight, grad_h[rows])  # the dgrad GEMM writes the chunk's rows in place
     if grad_w is None:
         return None
     if grad_w.shape != weight.shape:  # first chunk: nothing to accumulate into yet
@@ -185,28 +186,32 @@ def _loss_op(
     reduction: str, label_smoothing: float, chunk: int, need_h: bool, need_w: bool, need_b: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(loss, grad_h, grad_w, grad_b, scale). loss: reduced as asked (``[*]`` for "none"), in the
-    statistics dtype. For "mean" / "sum" and each need_* flag, the gradient of the *summed*
-    per-token losses (grad_w in _wgrad_dtype, grad_b in the statistics dtype), else an empty
-    [0] tensor; scale: the factor that turns them into the reduction's gradients (1 / the
-    number of counted tokens for "mean", 1 for "sum"). What the autograd formula below saves."""
+    statistics dtype. For "mean" / "sum" and each need_* flag, the gradient of the reduced loss
+    up to a factor (grad_w in _wgrad_dtype, grad_b in the statistics dtype), else an empty [0]
+    tensor; scale: that factor (1 / the number of counted tokens for "mean" with float16
+    inputs, whose gradients are of the summed loss; 1 otherwise). What the autograd formula
+    below saves."""
     eager_grads = reduction != "none"
+    stat = _stat_dtype(hidden.dtype)
     with torch.no_grad():
-        loss_tok, grad_h, grad_w, grad_b = _run_chunks(
-            hidden, weight, bias, target, None, ignore_index, label_smoothing, chunk,
-            eager_grads and need_h, eager_grads and need_w, eager_grads and need_b, keep_loss=True)
-        stat = loss_tok.dtype
         count = (target != ignore_index).sum().to(stat)
+        ones = torch.ones((), dtype=stat, device=hidden.device)
+        # a tensor: no host sync; the gradients are 0 with every token ignored
+        inv_count = torch.where(count > 0, 1.0 / count.clamp_min(1), torch.zeros_like(count))
+        # "mean": the row kernel scales each logit gradient by 1 / count before rounding it
+        # (float16 would flush small ones to zero: there the backward scales the float32 sums)
+        fold = reduction == "mean" and hidden.dtype != torch.float16
+        row_scale = inv_count.expand(target.numel()).contiguous() if fold else None
+        loss_tok, grad_h, grad_w, grad_b = _run_chunks(
+            hidden, weight, bias, target, row_scale, ignore_index, label_smoothing, chunk,
+            eager_grads and need_h, eager_grads and need_w, eager_grads and need_b, keep_loss=True)
         if reduction == "none":
             out = loss_tok.reshape(target.shape)
         elif reduction == "sum":
             out = loss_tok.sum()
         else:
             out = loss_tok.sum() / count  # NaN with every token ignored, as in torch
-        if reduction == "mean":
-            # a tensor: no host sync; the gradients are 0 with every token ignored
-            scale = torch.where(count > 0, 1.0 / count.clamp_min(1), torch.zeros_like(count))
-        else:
-            scale = torch.ones((), dtype=stat, device=loss_tok.device)
+        scale = inv_count if reduction == "mean" and not fold else ones
     return (
         out,
         _placeholder(hidden) if grad_h is None else grad_h,
@@ -289,6 +294,17 @@ def _setup_context(ctx, inputs, output):
         ctx.save_for_backward(hidden, weight, bias, target)
 
 
+def _scaled(grad: Tensor, factor: Tensor, in_place: bool) -> Tensor:
+    """grad * factor (0-dim, statistics dtype), formed in float and rounded once (torch.mul
+    would round the factor to grad's 16-bit dtype first); in place (``ops.scale_``) when
+    allowed."""
+    if torch.compiler.is_compiling():  # one fused pointwise kernel, no mutation to trace
+        return (grad.to(factor.dtype) * factor).to(grad.dtype)
+    out = grad if in_place else grad.clone(memory_format=torch.contiguous_format)
+    ops.scale_(out, factor)
+    return out
+
+
 @once_differentiable  # a second derivative through these gradients raises
 def _backward(ctx, grad_out, *_unused_output_grads):
     need_h, need_w, need_b = ctx.need
@@ -297,18 +313,17 @@ def _backward(ctx, grad_out, *_unused_output_grads):
         pass
     elif ctx.reduction != "none":
         grad_h, grad_w, grad_b, scale = ctx.saved_tensors
-        # the incoming gradient (an fp16 loss scale, for instance) times the reduction's scale,
-        # in float, applied to the gradients of the summed loss formed in the forward: folded
-        # in before those were rounded to 16 bits, 1 / tokens would flush small ones to zero
+        # the incoming gradient (an fp16 loss scale, for instance) times the saved factor (1, or
+        # 1 / tokens for float16, whose saved gradients are of the summed loss), in float
         factor = grad_out.to(scale.dtype) * scale
         # in place when no later backward can read the saved gradients: no second weight-sized
-        # buffer at the start of the backward (a 16-bit tensor times the 0-dim float32 factor is
-        # computed in float and rounded once, in place or not)
+        # buffer at the start of the backward, and scale_ reads the factor on the device and
+        # makes no pass at all when it is 1 (a plain loss.backward() of a "mean" or "sum" loss)
         in_place = _last_read_of_saved_tensors()
         if need_h:
-            dh = grad_h.mul_(factor) if in_place else torch.mul(grad_h, factor)
+            dh = _scaled(grad_h, factor, in_place)
         if need_w:
-            dw = (grad_w.mul_(factor) if in_place else torch.mul(grad_w, factor)).to(ctx.weight_dtype)
+            dw = _scaled(grad_w, factor, in_place).to(ctx.weight_dtype)
         if need_b:
             db = (grad_b * factor).to(ctx.weight_dtype)
     else:

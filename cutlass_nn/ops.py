@@ -89,6 +89,15 @@ def add2(a: Tensor, b: Tensor) -> Tensor:
     return _ops.add2.default(a, b)
 
 
+def scale_(x: Tensor, factor: Tensor) -> None:
+    """``x *= factor`` in place: ``x`` contiguous, ``factor`` a 0-dim float32 tensor (float64 for
+    float64 ``x``) on ``x``'s device; the product is formed in float and rounded once. The
+    factor is read on the device, so scaling by a value the host does not know needs no
+    synchronization, and on CUDA a factor of exactly 1 costs one launch and no pass over ``x``
+    (what the fused head's backward relies on after a plain ``loss.backward()``)."""
+    _ops.scale_.default(x, factor)
+
+
 def _activation_message(op: str, activation) -> str:
     """The message of csrc/op_checks.cpp's parse_activation."""
     allowed = ", ".join(f'"{a}"' for a in ACTIVATIONS)
@@ -445,6 +454,29 @@ def _add2_fake(a, b):
 
 def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("cutlass_nn::scale_")
+def _scale_fake(x, factor):
+    op = "scale_"
+    _fake_common(op, "x", x, {})
+    _check(
+        x.is_contiguous(),
+        op,
+        f"argument 'x' must be contiguous (it is scaled in place), got strides {list(x.stride())}",
+    )
+    stat = _stat_dtype(x.dtype)
+    _check(
+        factor.dtype == stat and factor.dim() == 0,
+        op,
+        f"argument 'factor' must be a 0-dim {_dtype_name(stat)} tensor, got "
+        f"{_dtype_name(factor.dtype)} of shape {list(factor.shape)}",
+    )
+    _check(
+        factor.device == x.device,
+        op,
+        f"argument 'factor' must be on device {x.device} (the device of 'x'), got {factor.device}",
+    )
 
 
 def _fake_norm_weight(op: str, weight: Tensor, ref_name: str, ref: Tensor) -> None:

@@ -79,6 +79,18 @@ at::Tensor add2_cpu(const at::Tensor& a, const at::Tensor& b) {
   return at::add(a, b);
 }
 
+// The product in the statistics dtype (the factor's), rounded once to x's dtype, as on CUDA;
+// a factor of 1 leaves x untouched, as on CUDA (bitwise: a NaN's payload is kept too).
+void scale_cpu(const at::Tensor& x, const at::Tensor& factor) {
+  check_scale_args(x, factor);
+  if (factor.item<double>() == 1.0) return;
+  if (x.scalar_type() == factor.scalar_type()) {
+    x.mul_(factor);
+  } else {
+    x.copy_(x.to(factor.scalar_type()).mul_(factor));
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_nn, CPU, m) {
@@ -90,6 +102,7 @@ TORCH_LIBRARY_IMPL(cutlass_nn, CPU, m) {
   m.impl("mm", &mm_cpu);
   m.impl("mm.out", &mm_out_cpu);
   m.impl("add2", &add2_cpu);
+  m.impl("scale_", &scale_cpu);
 }
 
 }  // namespace cutlass_nn

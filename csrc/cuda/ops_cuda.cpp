@@ -180,6 +180,19 @@ at::Tensor add2_cuda(const at::Tensor& a, const at::Tensor& b) {
   return out;
 }
 
+// x *= factor in place; the kernel reads the factor on the device (no host synchronization) and
+// skips the pass when it is 1.
+void scale_cuda(const at::Tensor& x, const at::Tensor& factor) {
+  check_scale_args(x, factor);
+  c10::cuda::CUDAGuard guard(x.device());
+  check_launch("scale_",
+               kernels::launch_scale_inplace(kernel_dtype(x.scalar_type()), x.data_ptr(),
+                                             factor.const_data_ptr(), x.numel(),
+                                             device_info(x.get_device()).multiprocessors,
+                                             c10::cuda::getCurrentCUDAStream(x.get_device()).stream()),
+               x);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
@@ -193,6 +206,7 @@ TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
   m.impl("mm", &mm_cuda);
   m.impl("mm.out", &mm_out_cuda);
   m.impl("add2", &add2_cuda);
+  m.impl("scale_", &scale_cuda);
 }
 
 }  // namespace cuda

@@ -15,14 +15,12 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "dtype_pack.cuh"      // AccType, to_acc / from_acc, Pack16
+#include "dtype_pack.cuh"      // Acc, Pack16, load_vec / store_vec
 #include "launch_helpers.h"    // resolve_multiprocessors, aligned16
 
 namespace cutlass_nn {
 namespace kernels {
 namespace {
-
-template <typename T> using Acc = typename AccType<T>::type;
 
 constexpr int kMaxThreads = 512;
 constexpr int kResidentThreadsPerSm = 2048;  // sm_80 / sm_90
@@ -38,29 +36,6 @@ __device__ __forceinline__ double max_acc(double a, double b) { return fmax(a, b
 // -inf contributes nothing instead of exp(NaN)). NaN entries stay NaN and poison the sum.
 template <typename A> __device__ __forceinline__ A exp_rel(A x, A m) {
   return x == -INFINITY ? A(0) : exp_acc(x - m);
-}
-
-template <typename T, int kV, typename A>
-__device__ __forceinline__ void load_vec(const T* __restrict__ p, A (&v)[kV]) {
-  if constexpr (kV > 1) {
-    const Pack16<T> pk = *reinterpret_cast<const Pack16<T>*>(p);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) v[k] = to_acc(pk.v[k]);
-  } else {
-    v[0] = to_acc(p[0]);
-  }
-}
-
-template <typename T, int kV, typename A>
-__device__ __forceinline__ void store_vec(T* __restrict__ p, const A (&v)[kV]) {
-  if constexpr (kV > 1) {
-    Pack16<T> pk;
-#pragma unroll
-    for (int k = 0; k < kV; ++k) pk.v[k] = from_acc<T>(v[k]);
-    *reinterpret_cast<Pack16<T>*>(p) = pk;
-  } else {
-    p[0] = from_acc<T>(v[0]);
-  }
 }
 
 // Running (max, sum of exp relative to max, plain sum) of a set of logits.

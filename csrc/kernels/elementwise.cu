@@ -1,6 +1,8 @@
 // Torch-free elementwise / reduction kernels of cutlass_nn (see elementwise.h).
 //
 //  * launch_add2:       out = a + b, one 16-byte pack per thread (scalar grid-stride fallback).
+//  * launch_scale_inplace: x *= *factor, one 16-byte pack per thread like add2; nothing but the
+//                       factor's read when it is 1.
 //  * launch_column_sum: out[j] = sum_i x[i * ld + j], deterministic single pass (no atomics,
 //                       no workspace): each block owns a 64-byte-wide strip of columns and
 //                       reduces all rows of it, first per thread in registers, then across
@@ -97,6 +99,66 @@ cudaError_t add2_impl(const void* a, const void* b, void* out, int64_t numel,
     const int64_t needed = (numel + kAddThreads - 1) / kAddThreads;
     const int blocks = static_cast<int>(std::min(needed, max_blocks));
     add2_scalar_kernel<T><<<blocks, kAddThreads, 0, stream>>>(ta, tb, to, numel);
+  }
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------------
+// scale_inplace
+// ---------------------------------------------------------------------------------------------
+//
+// The grid shapes are add2's (one pack per thread, as many blocks as that takes; a grid-stride
+// scalar loop when x is not 16-byte aligned). Every thread reads the factor (one L2-resident
+// value) and returns at once when it is 1.
+
+template <typename T>
+__global__ void __launch_bounds__(kAddThreads)
+    scale_vec_kernel(T* __restrict__ x, const Acc<T>* __restrict__ factor, int64_t nvec,
+                     int64_t numel) {
+  const Acc<T> f = *factor;
+  if (f == Acc<T>(1)) return;
+  constexpr int kN = Pack16<T>::kN;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = tid; i < nvec; i += stride) {
+    Acc<T> v[kN];
+    load_vec<T, kN>(x + i * kN, v);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) v[k] *= f;
+    store_vec<T, kN>(x + i * kN, v);
+  }
+  // Tail: fewer than kN elements, one per thread of block 0.
+  const int64_t t = nvec * kN + tid;
+  if (t < numel) x[t] = from_acc<T>(to_acc(x[t]) * f);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kAddThreads)
+    scale_scalar_kernel(T* __restrict__ x, const Acc<T>* __restrict__ factor, int64_t numel) {
+  const Acc<T> f = *factor;
+  if (f == Acc<T>(1)) return;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = tid; i < numel; i += stride) x[i] = from_acc<T>(to_acc(x[i]) * f);
+}
+
+template <typename T>
+cudaError_t scale_impl(void* x, const void* factor, int64_t numel, int multiprocessors,
+                       cudaStream_t stream) {
+  constexpr int kN = Pack16<T>::kN;
+  T* tx = static_cast<T*>(x);
+  const Acc<T>* f = static_cast<const Acc<T>*>(factor);
+  if (aligned16(x)) {
+    const int64_t nvec = numel / kN;
+    const int64_t needed = std::max<int64_t>(1, (nvec + kAddThreads - 1) / kAddThreads);
+    const int blocks = static_cast<int>(std::min(needed, kAddMaxBlocks));
+    scale_vec_kernel<T><<<blocks, kAddThreads, 0, stream>>>(tx, f, nvec, numel);
+  } else {
+    const int64_t max_blocks =
+        static_cast<int64_t>(resolve_multiprocessors(multiprocessors)) * kAddBlocksPerSm;
+    const int64_t needed = (numel + kAddThreads - 1) / kAddThreads;
+    const int blocks = static_cast<int>(std::min(needed, max_blocks));
+    scale_scalar_kernel<T><<<blocks, kAddThreads, 0, stream>>>(tx, f, numel);
   }
   return cudaGetLastError();
 }
@@ -275,6 +337,20 @@ cudaError_t launch_add2(DType dtype, const void* a, const void* b, void* out, in
       return add2_impl<__nv_bfloat16>(a, b, out, numel, multiprocessors, stream);
     case DType::kFloat32: return add2_impl<float>(a, b, out, numel, multiprocessors, stream);
     case DType::kFloat64: return add2_impl<double>(a, b, out, numel, multiprocessors, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_scale_inplace(DType dtype, void* x, const void* factor, int64_t numel,
+                                 int multiprocessors, cudaStream_t stream) {
+  if (numel < 0) return cudaErrorInvalidValue;
+  if (numel == 0) return cudaSuccess;
+  switch (dtype) {
+    case DType::kFloat16: return scale_impl<__half>(x, factor, numel, multiprocessors, stream);
+    case DType::kBFloat16:
+      return scale_impl<__nv_bfloat16>(x, factor, numel, multiprocessors, stream);
+    case DType::kFloat32: return scale_impl<float>(x, factor, numel, multiprocessors, stream);
+    case DType::kFloat64: return scale_impl<double>(x, factor, numel, multiprocessors, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -16,6 +16,14 @@ namespace kernels {
 cudaError_t launch_add2(DType dtype, const void* a, const void* b, void* out, int64_t numel,
                         int multiprocessors, cudaStream_t stream);
 
+// x[i] = x[i] * factor[0] for 0 <= i < numel, in place: x contiguous of `dtype`, factor one value
+// in device memory (float; double for kFloat64), the product formed in that type and rounded
+// once. The factor is read on the device, so a caller that does not know its value needs no
+// host synchronization; when it is exactly 1 every block returns after reading it (x * 1 == x
+// bitwise, NaN included), so the common "gradient times 1" costs a launch, not a pass over x.
+cudaError_t launch_scale_inplace(DType dtype, void* x, const void* factor, int64_t numel,
+                                 int multiprocessors, cudaStream_t stream);
+
 // out[j] = sum_{i < rows} x[i * ld + j] for 0 <= j < cols (the column sum of a RowMajor matrix:
 // the bias gradient of a linear layer). Accumulates in float (double for kFloat64 input) and
 // writes `out_dtype` (x's dtype, or kFloat32 for 16-bit x). rows == 0 writes zeros.

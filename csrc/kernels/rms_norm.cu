@@ -18,45 +18,15 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "dtype_pack.cuh"  // AccType, to_acc / from_acc, Pack16
+#include "dtype_pack.cuh"  // Acc, Pack16, load_vec / store_vec
 #include "launch_helpers.h"  // resolve_multiprocessors, aligned16
 
 namespace cutlass_nn {
 namespace kernels {
 namespace {
 
-template <typename T> using Acc = typename AccType<T>::type;
-
 constexpr int kMaxThreads = 512;
 constexpr int kResidentThreadsPerSm = 2048;  // sm_80 / sm_90
-
-// kV consecutive elements of `p` as accumulation-type values: one 16-byte load when kV is the
-// pack width of U, element loads otherwise (the scalar path, and a float weight beside 16-bit
-// activations).
-template <typename U, int kV, typename A>
-__device__ __forceinline__ void load_vec(const U* __restrict__ p, A (&v)[kV]) {
-  if constexpr (kV > 1 && kV == Pack16<U>::kN) {
-    const Pack16<U> pk = *reinterpret_cast<const Pack16<U>*>(p);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) v[k] = static_cast<A>(to_acc(pk.v[k]));
-  } else {
-#pragma unroll
-    for (int k = 0; k < kV; ++k) v[k] = static_cast<A>(to_acc(p[k]));
-  }
-}
-
-template <typename T, int kV, typename A>
-__device__ __forceinline__ void store_vec(T* __restrict__ p, const A (&v)[kV]) {
-  if constexpr (kV > 1 && kV == Pack16<T>::kN) {
-    Pack16<T> pk;
-#pragma unroll
-    for (int k = 0; k < kV; ++k) pk.v[k] = from_acc<T>(v[k]);
-    *reinterpret_cast<Pack16<T>*>(p) = pk;
-  } else {
-#pragma unroll
-    for (int k = 0; k < kV; ++k) p[k] = from_acc<T>(v[k]);
-  }
-}
 
 __device__ __forceinline__ float rsqrt_acc(float v) { return rsqrtf(v); }
 __device__ __forceinline__ double rsqrt_acc(double v) { return rsqrt(v); }

@@ -176,6 +176,14 @@ inline at::Tensor gated_act_backward_(const at::Tensor& grad_output, const at::T
   return op.call(grad_output, gate_up, activation);
 }
 
+// x *= factor in place (x contiguous; factor a 0-dim float32 tensor, float64 for float64 x); on
+// CUDA, factor == 1 costs a launch and no pass over x. See csrc/ops_registry.cpp.
+inline void scale_(const at::Tensor& x, const at::Tensor& factor) {
+  static const auto op =
+      detail::find_op<void(const at::Tensor&, const at::Tensor&)>("cutlass_nn::scale_");
+  op.call(x, factor);
+}
+
 // Cross-entropy rows of logits [rows, vocab] (contiguous) against target [rows] (int64):
 // (loss, lse) in float32 (float64 for float64 logits); with write_grad, logits is overwritten
 // with d loss / d logits times row_scale (1 when absent). See csrc/ops_registry.cpp.
