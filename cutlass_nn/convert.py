@@ -10,6 +10,7 @@ from typing import Any, Callable
 from torch import nn
 
 from cutlass_nn import autotune
+from cutlass_nn.fused_decoder import can_fuse_residual_norm, fuse_residual_norm, is_fused
 from cutlass_nn.fused_head import CAUSAL_LMS, can_fuse_lm_head, fuse_lm_head
 from cutlass_nn.modules import (
     CutlassLinear,
@@ -98,7 +99,14 @@ def convert(
             weight, one normalized dimension) and the Llama-style RMSNorms of ``transformers``
             (:data:`LLAMA_STYLE_NORMS`: Llama, Mistral, Qwen2, Qwen3), whose forward and
             backward then run as one kernel each. ``state_dict`` keys do not change.
-            ``filter_fn`` is asked about them too (it sees only the candidate modules).
+            ``filter_fn`` is asked about them too (it sees only the candidate modules). Then, in
+            each ``transformers`` decoder layer it recognizes
+            (:data:`cutlass_nn.fused_decoder.DECODER_LAYERS`: Llama, Mistral, Qwen2, Qwen3,
+            checked on the source of their forward), the residual add before
+            ``post_attention_layernorm`` is fused with that norm
+            (:func:`cutlass_nn.fused_decoder.fuse_residual_norm`: one
+            :func:`~cutlass_nn.functional.add_rms_norm` call; the layer keeps its class and
+            ``state_dict``); ``filter_fn`` is asked about each such layer.
         fuse_mlp: also replace the gated MLPs of ``transformers`` (:data:`GATED_MLPS`: Llama,
             Mistral, Qwen2, Qwen3, Gemma 1-3) whose projections are plain ``nn.Linear`` layers
             and whose ``act_fn`` is SiLU, GELU or tanh GELU, by :meth:`GatedMLP.from_module`
@@ -180,17 +188,28 @@ def convert(
                 kept.append((name, child))
         stack.extend(reversed(kept))
 
+    fused_layers = 0
+    if fuse_norm:
+        for name, layer in module.named_modules():
+            if is_fused(layer) or not can_fuse_residual_norm(layer):
+                continue
+            if filter_fn is None or filter_fn(name, layer):
+                fuse_residual_norm(layer)
+                fused_layers += 1
+
     counts = {kind: 0 for kind in (CutlassLinear, RMSNorm, GatedMLP)}
     for new in replaced.values():
         counts[type(new)] += 1
     _log.info(
         "cutlass_nn.convert: %d nn.Linear -> CutlassLinear, %d RMSNorm -> cutlass_nn.RMSNorm, "
-        "%d gated MLP -> cutlass_nn.GatedMLP",
+        "%d gated MLP -> cutlass_nn.GatedMLP, %d decoder layers with the residual add fused "
+        "into their RMSNorm",
         counts[CutlassLinear],
         counts[RMSNorm],
         counts[GatedMLP],
+        fused_layers,
     )
-    if not replaced:
+    if not replaced and not fused_layers:
         kinds = ["nn.Linear"] + ["RMSNorm"] * fuse_norm + ["gated MLP"] * fuse_mlp
         what = kinds[0] if len(kinds) == 1 else ", ".join(kinds[:-1]) + " or " + kinds[-1]
         warnings.warn(

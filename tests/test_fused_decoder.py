@@ -1,0 +1,207 @@
+"""The decoder-layer residual add fused into the following RMSNorm (cutlass_nn.fused_decoder,
+applied by convert(fuse_norm=True)) on the CPU backend: for Llama, Mistral, Qwen2 and Qwen3 the
+fused model matches the unfused converted one in float64 (loss and every gradient) and the stock
+model in float32, runs one add_rms_norm per layer, keeps its state_dict, generates like the stock
+model with a cache; layers whose forward differs (by name, module or source) are not fused;
+hooks on the norm, filter_fn, deepcopy, pickling and torch.compile behave."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+import cutlass_nn
+from cutlass_nn import fused_decoder
+
+transformers = pytest.importorskip("transformers")
+
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+}
+
+
+def tiny(family, seed=0, dtype=torch.float32):
+    config_name, model_name = FAMILIES[family]
+    cfg = getattr(transformers, config_name)(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=97, max_position_embeddings=64,
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(cfg).to(dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(1.0, 0.2)  # not all ones: a wrong weight path would show
+    return model
+
+
+def layers(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+
+
+def unfuse(model):
+    for layer in layers(model):
+        layer.__dict__.pop("forward", None)
+    return model
+
+
+def loss_and_grads(model, ids):
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+IDS = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_fused_matches_unfused_in_float64(family):
+    fused = cutlass_nn.convert(tiny(family, dtype=torch.float64), fuse_norm=True)
+    assert all(fused_decoder.is_fused(layer) for layer in layers(fused)) and len(layers(fused)) == 2
+    plain = unfuse(copy.deepcopy(fused))
+    assert not any(fused_decoder.is_fused(layer) for layer in layers(plain))
+    lf, gf = loss_and_grads(fused, IDS)
+    lp, gp = loss_and_grads(plain, IDS)
+    torch.testing.assert_close(lf, lp, rtol=1e-12, atol=1e-12)
+    for name in gp:
+        torch.testing.assert_close(gf[name], gp[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_fused_matches_stock_and_keeps_the_state_dict(family):
+    stock = tiny(family)
+    ours = cutlass_nn.convert(tiny(family), fuse_norm=True)
+    assert set(ours.state_dict()) == set(stock.state_dict())
+    ls, gs = loss_and_grads(stock, IDS)
+    lo, go = loss_and_grads(ours, IDS)
+    torch.testing.assert_close(lo, ls, rtol=1e-5, atol=1e-5)
+    for name in gs:
+        torch.testing.assert_close(go[name], gs[name], rtol=1e-4, atol=1e-5, msg=name)
+    tiny(family, seed=1).load_state_dict(ours.state_dict(), strict=True)
+
+
+def test_one_add_rms_norm_per_layer_and_one_add_fewer():
+    def count(model):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            model(input_ids=IDS)
+        def outside_cutlass_ops(e):  # the CPU kernels of cutlass_nn ops are ATen calls too
+            p = e.cpu_parent
+            while p is not None:
+                if p.name.startswith("cutlass_nn::"):
+                    return False
+                p = p.cpu_parent
+            return True
+
+        events = prof.events()
+        norms = sum(e.name == "cutlass_nn::add_rms_norm" for e in events)
+        return norms, sum(e.name == "aten::add" and outside_cutlass_ops(e) for e in events)
+
+    fused = cutlass_nn.convert(tiny("llama"), fuse_norm=True)
+    plain = unfuse(copy.deepcopy(fused))
+    fused_norms, fused_adds = count(fused)
+    plain_norms, plain_adds = count(plain)
+    assert (fused_norms, plain_norms) == (2, 0)
+    assert plain_adds - fused_adds == 2
+
+
+def test_generation_with_a_cache_matches_stock():
+    stock = tiny("llama").eval()
+    ours = cutlass_nn.convert(tiny("llama"), fuse_norm=True).eval()
+    prompt = IDS[:1, :5]
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(ours.generate(prompt, **kw), stock.generate(prompt, **kw))
+
+
+def test_without_fuse_norm_nothing_is_fused():
+    model = cutlass_nn.convert(tiny("llama"))
+    assert not any(fused_decoder.is_fused(layer) for layer in layers(model))
+
+
+def test_filter_fn_is_asked_about_each_layer():
+    asked = []
+
+    def keep_first(name, module):
+        if type(module).__name__ == "LlamaDecoderLayer":
+            asked.append(name)
+            return name.endswith(".0")
+        return True
+
+    model = cutlass_nn.convert(tiny("llama"), fuse_norm=True, filter_fn=keep_first)
+    assert asked == ["model.layers.0", "model.layers.1"]
+    assert [fused_decoder.is_fused(layer) for layer in layers(model)] == [True, False]
+
+
+def test_a_layer_with_another_forward_is_not_fused():
+    base = type(layers(tiny("llama"))[0])
+
+    class LlamaDecoderLayer(base):  # same name and module, another forward
+        def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None,
+                    use_cache=False, position_embeddings=None, **kwargs):
+            return 2 * super().forward(hidden_states, attention_mask, position_ids, cache,
+                                       use_cache, position_embeddings, **kwargs)
+
+    LlamaDecoderLayer.__module__ = base.__module__
+    model = tiny("llama")
+    for layer in layers(model):
+        layer.__class__ = LlamaDecoderLayer
+    assert not fused_decoder.can_fuse_residual_norm(layers(model)[0])
+    cutlass_nn.convert(model, fuse_norm=True)
+    assert not any(fused_decoder.is_fused(layer) for layer in layers(model))
+
+    class MyDecoderLayer(base):  # the stock forward, but not a class the fusion knows
+        pass
+
+    assert not fused_decoder.can_fuse_residual_norm(MyDecoderLayer(tiny("llama").config, 0))
+
+
+def test_fuse_residual_norm_rejects_other_modules():
+    lin = nn.Linear(4, 4)
+    with pytest.raises(TypeError, match=r"cutlass_nn\.fuse_residual_norm: argument 'layer' must be"):
+        fused_decoder.fuse_residual_norm(lin)
+    assert "forward" not in lin.__dict__
+
+
+def test_hooks_on_the_norm_keep_the_unfused_path():
+    model = cutlass_nn.convert(tiny("llama"), fuse_norm=True)
+    seen = []
+    layers(model)[0].post_attention_layernorm.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    reference = unfuse(copy.deepcopy(model))
+    seen.clear()
+    torch.testing.assert_close(model(input_ids=IDS).logits, reference(input_ids=IDS).logits)
+    assert len(seen) == 2  # the hook ran in both models
+
+
+def test_deepcopy_and_pickle():
+    model = cutlass_nn.convert(tiny("llama"), fuse_norm=True)
+    clone = copy.deepcopy(model)
+    assert all(fused_decoder.is_fused(layer) for layer in layers(clone))
+    assert all(layer.forward.__self__ is layer for layer in layers(clone))
+    want = model(input_ids=IDS).logits
+    torch.testing.assert_close(clone(input_ids=IDS).logits, want)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    torch.testing.assert_close(loaded(input_ids=IDS).logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_matches_eager():
+    model = cutlass_nn.convert(tiny("llama"), fuse_norm=True)
+    eager_loss, eager_grads = loss_and_grads(model, IDS)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager")
+    compiled.zero_grad(set_to_none=True)
+    loss = compiled(input_ids=IDS, labels=IDS).loss
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), eager_loss, rtol=1e-6, atol=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, eager_grads[name], rtol=1e-5, atol=1e-6, msg=name)
