@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import Tensor, nn
 
@@ -31,25 +31,19 @@ from cutlass_nn import functional as F
 from cutlass_nn.modules import RMSNorm, _norm_fits
 
 #: Decoder layer classes of ``transformers`` whose forward the fused one reproduces (checked
-#: against transformers 5.24; each is also checked on its source when fused).
+#: against transformers 5.0 to 5.24; each is also checked on its source when fused).
 DECODER_LAYERS = frozenset(
     {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"}
 )
 
-# The body of the forward fuse_residual_norm reproduces (transformers 5.x), compared as an AST
-# dump (comments, docstrings and layout do not matter; any other statement does).
+# The body of the forward fuse_residual_norm reproduces, compared as an AST dump (comments,
+# docstrings and layout do not matter; any other statement does). ATTENTION_ARGS stands for
+# the forward's own parameters between hidden_states and **kwargs, each passed on by name
+# (they differ between transformers releases: past_key_values or cache, cache_position or not).
 _EXPECTED_BODY = """
 residual = hidden_states
 hidden_states = self.input_layernorm(hidden_states)
-hidden_states, _ = self.self_attn(
-    hidden_states=hidden_states,
-    attention_mask=attention_mask,
-    position_ids=position_ids,
-    cache=cache,
-    use_cache=use_cache,
-    position_embeddings=position_embeddings,
-    **kwargs,
-)
+hidden_states, _ = self.self_attn(hidden_states=hidden_states, ATTENTION_ARGS **kwargs)
 hidden_states = residual + hidden_states
 residual = hidden_states
 hidden_states = self.post_attention_layernorm(hidden_states)
@@ -57,42 +51,55 @@ hidden_states = self.mlp(hidden_states)
 hidden_states = residual + hidden_states
 return hidden_states
 """
-_EXPECTED_PARAMS = (
-    "self", "hidden_states", "attention_mask", "position_ids", "cache", "use_cache",
-    "position_embeddings", "kwargs",
-)
 
 
 def _body_dump(statements: list[ast.stmt]) -> str:
     return "\n".join(ast.dump(s) for s in statements)
 
 
-_EXPECTED_DUMP = _body_dump(ast.parse(_EXPECTED_BODY).body)
+class _Spec(NamedTuple):
+    """What the fused forward needs of a layer class: the names of its forward's parameters
+    between ``hidden_states`` and ``**kwargs`` (passed to the attention by name) and their
+    defaults."""
+
+    names: tuple[str, ...]
+    defaults: dict[str, Any]
 
 
-def _forward_matches(cls: type) -> bool:
-    """Whether ``cls.forward`` (unwrapped from its decorators) has the expected parameters and
-    body."""
-    forward = inspect.unwrap(cls.forward)
+def _spec_of(cls: type) -> _Spec | None:
+    """The class's _Spec when its forward (unwrapped from its decorators) has the expected
+    parameters and body, else None."""
+    forward_fn = inspect.unwrap(cls.forward)
     try:
-        source = textwrap.dedent(inspect.getsource(forward))
-    except (OSError, TypeError):
-        return False
+        source = textwrap.dedent(inspect.getsource(forward_fn))
+        params = list(inspect.signature(forward_fn).parameters.values())
+    except (OSError, TypeError, ValueError):
+        return None
+    if (
+        len(params) < 3
+        or [p.name for p in params[:2]] != ["self", "hidden_states"]
+        or params[-1].kind is not inspect.Parameter.VAR_KEYWORD
+        or params[-1].name != "kwargs"
+        or any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params[1:-1])
+        or any(p.default is inspect.Parameter.empty for p in params[2:-1])
+    ):
+        return None
+    middle = params[2:-1]
     tree = ast.parse(source)
     func = tree.body[0] if tree.body else None
     if not isinstance(func, ast.FunctionDef):
-        return False
-    params = tuple(inspect.signature(forward).parameters)
-    if params != _EXPECTED_PARAMS:
-        return False
+        return None
     body = [
         s for s in func.body
         if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))  # docstrings
     ]
-    return _body_dump(body) == _EXPECTED_DUMP
+    expected = _EXPECTED_BODY.replace("ATTENTION_ARGS", "".join(f"{p.name}={p.name}, " for p in middle))
+    if _body_dump(body) != _body_dump(ast.parse(expected).body):
+        return None
+    return _Spec(tuple(p.name for p in middle), {p.name: p.default for p in middle})
 
 
-_MATCHES: dict[type, bool] = {}
+_SPECS: dict[type, _Spec | None] = {}
 
 
 def can_fuse_residual_norm(layer: nn.Module) -> bool:
@@ -107,9 +114,9 @@ def can_fuse_residual_norm(layer: nn.Module) -> bool:
         for name in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
     ):
         return False
-    if cls not in _MATCHES:
-        _MATCHES[cls] = _forward_matches(cls)
-    return _MATCHES[cls]
+    if cls not in _SPECS:
+        _SPECS[cls] = _spec_of(cls)
+    return _SPECS[cls] is not None
 
 
 def is_fused(layer: nn.Module) -> bool:
@@ -126,7 +133,7 @@ def fuse_residual_norm(layer: nn.Module) -> nn.Module:
     if not can_fuse_residual_norm(layer):
         raise TypeError(
             "cutlass_nn.fuse_residual_norm: argument 'layer' must be a transformers decoder "
-            f"layer of {', '.join(sorted(DECODER_LAYERS))} with the forward of transformers 5.x, "
+            f"layer of {', '.join(sorted(DECODER_LAYERS))} with the forward of transformers 5, "
             f"got {type(layer).__module__}.{type(layer).__qualname__}"
         )
     layer.forward = forward.__get__(layer)
@@ -149,31 +156,21 @@ def _fusable_norm(norm: nn.Module, h: Tensor, residual: Tensor) -> bool:
 
 # Named "forward": a pickled layer (torch.save of the model) stores the bound method as
 # getattr(layer, "forward"), which after loading is the class's forward, i.e. the unfused one.
-def forward(
-    self,
-    hidden_states: Tensor,
-    attention_mask: Tensor | None = None,
-    position_ids: Tensor | None = None,
-    cache: Any = None,
-    use_cache: bool | None = False,
-    position_embeddings: tuple[Tensor, Tensor] | None = None,
-    **kwargs: Any,
-) -> Tensor:
+def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """The decoder layer's forward with ``residual + attention`` and
-    ``post_attention_layernorm`` as one add_rms_norm call."""
-    if cache is None and "past_key_values" in kwargs:  # the class's deprecated name
-        cache = kwargs.pop("past_key_values")
+    ``post_attention_layernorm`` as one add_rms_norm call; the arguments are the class's."""
+    names, defaults = _SPECS[type(self)]
+    if len(args) > len(names):
+        raise TypeError(
+            f"{type(self).__name__}.forward() takes {len(names) + 2} positional arguments but "
+            f"{len(args) + 2} were given"
+        )
+    attention_args = dict(zip(names, args))
+    for name in names[len(args):]:
+        attention_args[name] = kwargs.pop(name, defaults[name])
     residual = hidden_states
     hidden_states = self.input_layernorm(hidden_states)
-    hidden_states, _ = self.self_attn(
-        hidden_states=hidden_states,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        cache=cache,
-        use_cache=use_cache,
-        position_embeddings=position_embeddings,
-        **kwargs,
-    )
+    hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_args, **kwargs)
     norm = self.post_attention_layernorm
     if _fusable_norm(norm, hidden_states, residual):
         hidden_states, residual = F.add_rms_norm(hidden_states, residual, norm.weight, norm.eps)

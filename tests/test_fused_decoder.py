@@ -205,3 +205,73 @@ def test_compile_matches_eager():
     torch.testing.assert_close(loss.detach(), eager_loss, rtol=1e-6, atol=1e-6)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, eager_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+# The decoder layer forwards of earlier transformers 5 releases (5.0: past_key_values and
+# cache_position; 5.10 to 5.20: past_key_values), and one with a statement changed.
+_FORWARD_5_0 = '''
+def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+            use_cache=False, cache_position=None, position_embeddings=None, **kwargs):
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    # Self Attention
+    hidden_states, _ = self.self_attn(
+        hidden_states=hidden_states,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=past_key_values,
+        use_cache=use_cache,
+        cache_position=cache_position,
+        position_embeddings=position_embeddings,
+        **kwargs,
+    )
+    hidden_states = residual + hidden_states
+    residual = hidden_states
+    hidden_states = self.post_attention_layernorm(hidden_states)
+    hidden_states = self.mlp(hidden_states)
+    hidden_states = residual + hidden_states
+    return hidden_states
+'''
+_FORWARD_5_10 = _FORWARD_5_0.replace("use_cache=False, cache_position=None,", "use_cache=False,").replace(
+    "        cache_position=cache_position,\n", "")
+_FORWARD_CHANGED = _FORWARD_5_10.replace("hidden_states = self.mlp(hidden_states)",
+                                         "hidden_states = self.mlp(hidden_states) * 0.5")
+
+
+@pytest.mark.parametrize(
+    "source,names",
+    [
+        (_FORWARD_5_0, ("attention_mask", "position_ids", "past_key_values", "use_cache",
+                        "cache_position", "position_embeddings")),
+        (_FORWARD_5_10, ("attention_mask", "position_ids", "past_key_values", "use_cache",
+                         "position_embeddings")),
+        (_FORWARD_CHANGED, None),
+    ],
+    ids=["5.0", "5.10", "changed"],
+)
+def test_forwards_of_other_transformers_5_releases(tmp_path, monkeypatch, source, names):
+    import importlib.util
+    import sys
+
+    path = tmp_path / "old_modeling_llama.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("old_modeling_llama", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "old_modeling_llama", module)
+    base = type(layers(tiny("llama"))[0])
+    cls = type("LlamaDecoderLayer", (base,), {"forward": module.forward,
+                                               "__module__": "transformers.models.llama.old"})
+    got = fused_decoder._spec_of(cls)
+    assert (got.names if got else None) == names
+    if names is None:
+        return
+    # the fused forward passes each of them to the attention by name, defaults included
+    layer = layers(tiny("llama"))[0]
+    layer.__class__ = cls
+    seen = {}
+    monkeypatch.setattr(layer.self_attn, "forward", lambda **kw: (seen.update(kw), (kw["hidden_states"], None))[1])
+    fused_decoder.fuse_residual_norm(layer)
+    layer(torch.randn(1, 3, 64), None, position_embeddings="pe")
+    assert set(seen) == {"hidden_states", *names}
+    assert seen["attention_mask"] is None and seen["position_embeddings"] == "pe" and seen["use_cache"] is False
