@@ -25,6 +25,7 @@ import inspect
 import textwrap
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 from cutlass_nn import functional as F
@@ -59,16 +60,39 @@ def _body_dump(statements: list[ast.stmt]) -> str:
 
 class _Spec(NamedTuple):
     """What the fused forward needs of a layer class: the names of its forward's parameters
-    between ``hidden_states`` and ``**kwargs`` (passed to the attention by name) and their
-    defaults."""
+    between ``hidden_states`` and ``**kwargs`` (passed to the attention by name), their
+    defaults, and the class's forward as it was checked (a later patch of it is noticed)."""
 
     names: tuple[str, ...]
     defaults: dict[str, Any]
+    checked: Any
+
+
+# The decorators transformers puts around a decoder layer's forward, by (function name, file
+# name): the deprecated-argument rename and the gradient-checkpointing wrapper. The fused forward
+# does what they do (the rename; checkpointing by running the class's forward); a forward wrapped
+# in anything else is not fused.
+_KNOWN_WRAPPERS = frozenset({
+    ("wrapped_func", "deprecation.py"),
+    ("forward_with_checkpointing", "modeling_layers.py"),
+})
+
+
+def _wrappers_known(forward_fn: Any) -> bool:
+    f = forward_fn
+    while hasattr(f, "__wrapped__"):
+        code = getattr(f, "__code__", None)
+        if code is None or (code.co_name, code.co_filename.replace("\\", "/").rsplit("/", 1)[-1]) not in _KNOWN_WRAPPERS:
+            return False
+        f = f.__wrapped__
+    return True
 
 
 def _spec_of(cls: type) -> _Spec | None:
     """The class's _Spec when its forward (unwrapped from its decorators) has the expected
     parameters and body, else None."""
+    if not _wrappers_known(cls.forward):
+        return None
     forward_fn = inspect.unwrap(cls.forward)
     try:
         source = textwrap.dedent(inspect.getsource(forward_fn))
@@ -96,7 +120,7 @@ def _spec_of(cls: type) -> _Spec | None:
     expected = _EXPECTED_BODY.replace("ATTENTION_ARGS", "".join(f"{p.name}={p.name}, " for p in middle))
     if _body_dump(body) != _body_dump(ast.parse(expected).body):
         return None
-    return _Spec(tuple(p.name for p in middle), {p.name: p.default for p in middle})
+    return _Spec(tuple(p.name for p in middle), {p.name: p.default for p in middle}, cls.forward)
 
 
 _SPECS: dict[type, _Spec | None] = {}
@@ -117,6 +141,27 @@ def can_fuse_residual_norm(layer: nn.Module) -> bool:
     if cls not in _SPECS:
         _SPECS[cls] = _spec_of(cls)
     return _SPECS[cls] is not None
+
+
+_CALL_SPECS: dict[tuple[type, Any], _Spec | None] = {}
+
+
+def _call_spec(cls: type) -> _Spec | None:
+    """The _Spec the fused forward of an instance of ``cls`` runs with: that of the fused class,
+    also when ``cls`` is a subclass made at run time (FSDP2's ``FSDP<Layer>``), as long as
+    ``cls.forward`` is the checked forward under the known decorators only; None when it is not
+    (a patched or overridden forward: the class's forward runs instead). Cached per (class,
+    forward), so patching the forward later is noticed."""
+    key = (cls, cls.forward)
+    if key not in _CALL_SPECS:
+        spec = next((_SPECS[k] for k in cls.__mro__ if _SPECS.get(k) is not None), None)
+        same = (
+            spec is not None
+            and _wrappers_known(cls.forward)
+            and inspect.unwrap(cls.forward) is inspect.unwrap(spec.checked)
+        )
+        _CALL_SPECS[key] = spec if same else None
+    return _CALL_SPECS[key]
 
 
 def is_fused(layer: nn.Module) -> bool:
@@ -141,13 +186,18 @@ def fuse_residual_norm(layer: nn.Module) -> nn.Module:
 
 
 def _fusable_norm(norm: nn.Module, h: Tensor, residual: Tensor) -> bool:
+    module = nn.modules.module
     return (
         type(norm) is RMSNorm
         and len(norm.normalized_shape) == 1
         and not norm._forward_hooks
         and not norm._forward_pre_hooks
-        and not nn.modules.module._global_forward_hooks
-        and not nn.modules.module._global_forward_pre_hooks
+        and not norm._backward_hooks
+        and not norm._backward_pre_hooks
+        and not module._global_forward_hooks
+        and not module._global_forward_pre_hooks
+        and not module._global_backward_hooks
+        and not module._global_backward_pre_hooks
         and h.shape == residual.shape
         and h.dtype == residual.dtype
         and _norm_fits(h, norm.weight)
@@ -159,7 +209,15 @@ def _fusable_norm(norm: nn.Module, h: Tensor, residual: Tensor) -> bool:
 def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """The decoder layer's forward with ``residual + attention`` and
     ``post_attention_layernorm`` as one add_rms_norm call; the arguments are the class's."""
-    names, defaults = _SPECS[type(self)]
+    spec = _call_spec(type(self))
+    if (
+        spec is None
+        or (getattr(self, "gradient_checkpointing", False) and self.training and torch.is_grad_enabled())
+    ):
+        # the class's own forward, through its decorators: checkpointing (which recomputes the
+        # layer in the backward) runs it unfused
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+    names, defaults = spec.names, spec.defaults
     if len(args) > len(names):
         raise TypeError(
             f"{type(self).__name__}.forward() takes {len(names) + 2} positional arguments but "
@@ -168,6 +226,10 @@ def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     attention_args = dict(zip(names, args))
     for name in names[len(args):]:
         attention_args[name] = kwargs.pop(name, defaults[name])
+    if "cache" in names and "past_key_values" in kwargs:  # the class's deprecated name for it
+        cache = kwargs.pop("past_key_values")
+        if attention_args["cache"] is None:
+            attention_args["cache"] = cache
     residual = hidden_states
     hidden_states = self.input_layernorm(hidden_states)
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_args, **kwargs)

@@ -158,7 +158,8 @@ def _run_chunks(hidden, weight, bias, target, row_scale, ignore_index, label_smo
     stat = _stat_dtype(hidden.dtype)
     loss = torch.empty(tokens, dtype=stat, device=h.device) if keep_loss else None
     write_grad = need_h or need_w or need_b
-    grad_h = torch.empty_like(h) if need_h else None
+    # contiguous whatever hidden's layout: the chunks' dgrad writes its rows, scale_ scales it
+    grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_h else None
     wgrad_dtype = _wgrad_dtype(weight.dtype, _chunk_count(tokens, chunk))
     grad_w = weight.new_empty(0, dtype=wgrad_dtype) if need_w else None
     grad_b = torch.zeros(vocab, dtype=stat, device=h.device) if need_b else None
@@ -300,7 +301,7 @@ def _scaled(grad: Tensor, factor: Tensor, in_place: bool) -> Tensor:
     allowed."""
     if torch.compiler.is_compiling():  # one fused pointwise kernel, no mutation to trace
         return (grad.to(factor.dtype) * factor).to(grad.dtype)
-    out = grad if in_place else grad.clone(memory_format=torch.contiguous_format)
+    out = grad if in_place and grad.is_contiguous() else grad.clone(memory_format=torch.contiguous_format)
     ops.scale_(out, factor)
     return out
 

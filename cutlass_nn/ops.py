@@ -466,16 +466,23 @@ def _scale_fake(x, factor):
         f"argument 'x' must be contiguous (it is scaled in place), got strides {list(x.stride())}",
     )
     stat = _stat_dtype(x.dtype)
+    # the order and messages of csrc/op_checks.cpp's check_scale_args
     _check(
-        factor.dtype == stat and factor.dim() == 0,
+        factor.dtype == stat,
         op,
-        f"argument 'factor' must be a 0-dim {_dtype_name(stat)} tensor, got "
-        f"{_dtype_name(factor.dtype)} of shape {list(factor.shape)}",
+        f"argument 'factor' must have dtype {_dtype_name(stat)} (the statistics dtype of 'x'), "
+        f"got {_dtype_name(factor.dtype)}",
     )
     _check(
         factor.device == x.device,
         op,
         f"argument 'factor' must be on device {x.device} (the device of 'x'), got {factor.device}",
+    )
+    _check(
+        factor.dim() == 0,
+        op,
+        f"argument 'factor' must be a 0-D tensor (a single value), got a {factor.dim()}-D tensor "
+        f"of shape {list(factor.shape)}",
     )
 
 

@@ -275,3 +275,72 @@ def test_forwards_of_other_transformers_5_releases(tmp_path, monkeypatch, source
     layer(torch.randn(1, 3, 64), None, position_embeddings="pe")
     assert set(seen) == {"hidden_states", *names}
     assert seen["attention_mask"] is None and seen["position_embeddings"] == "pe" and seen["use_cache"] is False
+
+
+def test_gradient_checkpointing_still_checkpoints():
+    model = cutlass_nn.convert(tiny("llama"), fuse_norm=True)
+    reference = unfuse(copy.deepcopy(model))
+    model.gradient_checkpointing_enable()
+    model.train()
+    calls = []
+    for layer in layers(model):
+        inner = layer._gradient_checkpointing_func
+        layer._gradient_checkpointing_func = lambda *a, _f=inner, **k: (calls.append(1), _f(*a, **k))[1]
+    lm, gm = loss_and_grads(model, IDS)
+    lr, gr = loss_and_grads(reference, IDS)
+    assert len(calls) == 2  # each layer ran under the checkpoint (as the class's forward)
+    torch.testing.assert_close(lm, lr)
+    for name in gr:
+        torch.testing.assert_close(gm[name], gr[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_cache_under_its_deprecated_name_is_used():
+    model = cutlass_nn.convert(tiny("llama"), fuse_norm=True).eval()
+    reference = unfuse(copy.deepcopy(model))
+    outs = []
+    for m in (model, reference):
+        cache = transformers.DynamicCache(config=m.config)
+        layer = layers(m)[0]
+        hidden = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(0))
+        pos = torch.arange(4)[None]
+        pe = m.model.rotary_emb(hidden, position_ids=pos)
+        with torch.no_grad():
+            outs.append(layer(hidden, position_ids=pos, past_key_values=cache, use_cache=True,
+                              position_embeddings=pe))
+        assert cache.get_seq_length() == 4
+    torch.testing.assert_close(outs[0], outs[1])
+
+
+def test_a_layer_subclassed_at_run_time_keeps_working():
+    """FSDP2 (fully_shard) swaps the layer's class for a subclass made at run time."""
+    model = cutlass_nn.convert(tiny("llama"), fuse_norm=True)
+    want = model(input_ids=IDS).logits
+    for layer in layers(model):
+        layer.__class__ = type("FSDP" + type(layer).__name__, (type(layer),), {})
+    torch.testing.assert_close(model(input_ids=IDS).logits, want)
+
+
+def test_backward_hooks_on_the_norm_keep_the_unfused_path():
+    model = cutlass_nn.convert(tiny("llama"), fuse_norm=True)
+    seen = []
+    layers(model)[0].post_attention_layernorm.register_full_backward_hook(lambda m, gi, go: seen.append(1))
+    model(input_ids=IDS, labels=IDS).loss.backward()
+    assert seen == [1]
+
+
+def test_a_patched_class_forward_is_followed():
+    model = cutlass_nn.convert(tiny("llama"), fuse_norm=True)
+    cls = type(layers(model)[0])
+    original = cls.forward
+    calls = []
+
+    def patched(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    try:
+        cls.forward = patched
+        model(input_ids=IDS)
+    finally:
+        cls.forward = original
+    assert len(calls) == 2

@@ -329,3 +329,19 @@ def test_opcheck_of_the_loss_operators(reduction):
         torch.ops.cutlass_nn._linear_cross_entropy_backward.default,
         (h.detach(), w.detach(), b.detach(), t, g, -100, 0.1, 4, True, True, True),
     )
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_transposed_hidden_gets_its_gradient(reduction):
+    """A non-contiguous hidden (a transposed 2-D view): the hidden gradient is made contiguous
+    (it is written by rows and scaled in place)."""
+    gen = torch.Generator().manual_seed(21)
+    base = torch.randn(16, 9, generator=gen, dtype=torch.float64)
+    h = base.t().requires_grad_()  # [9, 16], column-major
+    w = torch.randn(30, 16, generator=gen, dtype=torch.float64).requires_grad_()
+    t = torch.randint(0, 30, (9,), generator=gen)
+    got = F.linear_cross_entropy(h, w, t, reduction=reduction, chunk_size=4)
+    ref = reference(h, w, t, reduction=reduction)
+    torch.testing.assert_close(got, ref)
+    for a, b in zip(torch.autograd.grad(got, (h, w)), torch.autograd.grad(ref, (h, w))):
+        torch.testing.assert_close(a, b)

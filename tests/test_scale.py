@@ -116,3 +116,22 @@ def test_meta_tensors_check_like_the_kernels():
     with pytest.raises(RuntimeError, match=r"cutlass_nn\.scale_: argument 'x' must be contiguous"):
         ops.scale_(x, torch.empty((), device="meta"))
     ops.scale_(torch.empty(4, device="meta"), torch.empty((), device="meta"))
+
+
+@pytest.mark.parametrize(
+    "x,factor",
+    [
+        (torch.ones(4), torch.tensor(2.0, dtype=torch.float64)),
+        (torch.ones(4), torch.tensor([2.0])),
+    ],
+    ids=["dtype", "dim"],
+)
+def test_fake_messages_match_the_kernels(x, factor):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with pytest.raises(RuntimeError) as real:
+        ops.scale_(x.clone(), factor)
+    with FakeTensorMode() as mode, pytest.raises(RuntimeError) as fake:
+        ops.scale_(mode.from_tensor(x), mode.from_tensor(factor))
+    assert str(fake.value).split("cutlass_nn.scale_: ")[1].split("\n")[0] == \
+        str(real.value).split("cutlass_nn.scale_: ")[1].split("\n")[0]
