@@ -1,7 +1,7 @@
 """Host-side profile of one whole-model training step, stock vs converted (GPU machine).
 
     python benchmarks/profile_model_step.py [--family llama] [--size host] [--mode compile]
-        [--sort cpu|cuda] [--fuse-norm] [--fuse-mlp] [--fuse-head] [--gaps N] [--sync-check]
+        [--sort cpu|cuda] [--fuse-norm] [--fuse-mlp] [--fuse-head] [--fuse-rope] [--gaps N] [--sync-check]
 
 Builds the model of ``python -m cutlass_nn.bench --what models`` (same family / size / mode /
 fusion flags), warms it up (compiles), then profiles ``--steps`` steps of each side with
@@ -89,6 +89,7 @@ def main() -> None:
     p.add_argument("--fuse-norm", action="store_true", help="convert(fuse_norm=True)")
     p.add_argument("--fuse-mlp", action="store_true", help="convert(fuse_mlp=True)")
     p.add_argument("--fuse-head", action="store_true", help="convert(fuse_head=True)")
+    p.add_argument("--fuse-rope", action="store_true", help="convert(fuse_rope=True)")
     args = p.parse_args()
     size = bench_models.MODEL_SIZES[args.size]
     batches = bench_models.make_batches(size, 4, "cuda")
@@ -99,7 +100,7 @@ def main() -> None:
         if side == "cutlass_nn":
             fuse_head = args.fuse_head and cutlass_nn.fused_head.can_fuse_lm_head(model)
             model = cutlass_nn.convert(model, fuse_norm=args.fuse_norm, fuse_mlp=args.fuse_mlp,
-                                       fuse_head=fuse_head)
+                                       fuse_head=fuse_head, fuse_rope=args.fuse_rope)
         torch._dynamo.reset()
         profile_side(model, args.mode, batches, args.steps, args.rows, args.sort, args.gaps,
                      args.sync_check)

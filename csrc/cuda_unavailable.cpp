@@ -41,7 +41,8 @@ TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
                          "bias_grad", "mm", "mm.out", "add2", "scale_", "linear_act", "linear_act_aux",
                          "activation_grad", "rms_norm", "add_rms_norm", "rms_norm_backward",
                          "gated_act", "gated_act_backward", "gated_act_backward_",
-                         "gated_mlp", "cross_entropy_rows_"}) {
+                         "gated_mlp", "cross_entropy_rows_", "rotary_embedding",
+                         "rotary_embedding_backward"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&no_cuda_kernels>());
   }
 }

@@ -129,6 +129,34 @@ void check_scale_args(const at::Tensor& x, const at::Tensor& factor) {
               ": argument 'factor' must not share memory with 'x' (which is written in place)");
 }
 
+void check_rotary_args(const char* op, const char* q_name, const char* k_name, const at::Tensor& q,
+                       const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
+  check_float_dtype(op, q_name, q);
+  check_dim(op, q_name, q, 4, "[batch, heads, seq, head_dim]");
+  check_same_dtype(op, k_name, k, q_name, q);
+  check_same_device(op, k_name, k, q_name, q);
+  check_dim(op, k_name, k, 4, "[batch, kv_heads, seq, head_dim]");
+  check_same_dtype(op, "cos", cos, q_name, q);
+  check_same_device(op, "cos", cos, q_name, q);
+  check_dim(op, "cos", cos, 3, "[batch or 1, seq, head_dim]");
+  check_same_dtype(op, "sin", sin, q_name, q);
+  check_same_device(op, "sin", sin, q_name, q);
+  check_same_shape(op, "sin", sin, "cos", cos);
+  const int64_t head_dim = q.size(3);
+  TORCH_CHECK(head_dim % 2 == 0, "cutlass_nn.", op, ": argument '", q_name,
+              "' must have an even head_dim (its last dimension, rotated in halves), got shape ",
+              shape_string(q.sizes()));
+  const std::string from_q = std::string("the same as '") + q_name + "'";
+  check_size(op, k_name, k, 0, q.size(0), ("batch " + from_q).c_str());
+  check_size(op, k_name, k, 2, q.size(2), ("seq " + from_q).c_str());
+  check_size(op, k_name, k, 3, head_dim, ("head_dim " + from_q).c_str());
+  TORCH_CHECK(cos.size(0) == 1 || cos.size(0) == q.size(0), "cutlass_nn.", op,
+              ": argument 'cos' must have a batch dimension of 1 or ", std::to_string(q.size(0)),
+              " (the batch of '", q_name, "'), got shape ", shape_string(cos.sizes()));
+  check_size(op, "cos", cos, 1, q.size(2), ("seq " + from_q).c_str());
+  check_size(op, "cos", cos, 2, head_dim, ("head_dim " + from_q).c_str());
+}
+
 kernels::Activation parse_activation(const char* op, c10::string_view activation) {
   if (activation == "none") return kernels::Activation::kIdentity;
   if (activation == "relu") return kernels::Activation::kReLU;

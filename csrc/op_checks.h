@@ -77,6 +77,12 @@ void check_mm_out_arg(const at::Tensor& a, const at::Tensor& out);
 // add2(a, b): same shape, dtype and device
 void check_add2_args(const at::Tensor& a, const at::Tensor& b);
 
+// rotary_embedding / rotary_embedding_backward (`op`)(q [B, Hq, S, D], k [B, Hk, S, D],
+// cos [B or 1, S, D], sin like cos), the first two named `q_name` / `k_name` ("q", "k" or
+// "grad_q", "grad_k"): one floating dtype, one device, D even.
+void check_rotary_args(const char* op, const char* q_name, const char* k_name, const at::Tensor& q,
+                       const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin);
+
 // scale_(x, factor): x a contiguous floating tensor (written in place); factor a 0-dim tensor in
 // x's statistics dtype (float32; float64 for float64 x) on x's device, not inside x.
 void check_scale_args(const at::Tensor& x, const at::Tensor& factor);

@@ -252,6 +252,20 @@ TORCH_LIBRARY(cutlass_nn, m) {
       "str activation=\"silu\") -> Tensor",
       tags);
 
+  // Rotary position embedding of queries and keys, the "rotate half" form of transformers'
+  // apply_rotary_pos_emb (unsqueeze_dim=1): q [B, Hq, S, D], k [B, Hk, S, D], cos and sin
+  // [B or 1, S, D] of q's dtype -> (q * cos + rotate_half(q) * sin, the same of k) with
+  // rotate_half(x) = [-x2, x1] (the halves of D), computed in float (double for float64) and
+  // rounded once. Each output keeps its input's strides when that is dense with a unit-stride
+  // last dim (csrc/rotary_layout.h), else it is contiguous.
+  m.def("rotary_embedding(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)", tags);
+  // Its backward for the output gradients: the transposed rotation, (g * cos + [g2 * s2, -g1 *
+  // s1]) for each; exact for any cos and sin. cos and sin get no gradient here.
+  m.def(
+      "rotary_embedding_backward(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin) -> "
+      "(Tensor, Tensor)",
+      tags);
+
   m.def("build_info() -> str", &build_info);
   m.def("_autograd_keeps_graph() -> bool", &autograd_keeps_graph);
   m.def("_set_force_sm80(bool enable) -> bool", &set_force_sm80);

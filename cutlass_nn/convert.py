@@ -12,6 +12,7 @@ from torch import nn
 from cutlass_nn import autotune
 from cutlass_nn.fused_decoder import can_fuse_residual_norm, fuse_residual_norm, is_fused
 from cutlass_nn.fused_head import CAUSAL_LMS, can_fuse_lm_head, fuse_lm_head
+from cutlass_nn import fused_rotary
 from cutlass_nn.modules import (
     CutlassLinear,
     GatedMLP,
@@ -70,6 +71,7 @@ def convert(
     fuse_norm: bool = False,
     fuse_mlp: bool = False,
     fuse_head: bool = False,
+    fuse_rope: bool = False,
 ) -> nn.Module:
     """Replace, in place, every submodule whose type is exactly ``nn.Linear`` by a
     ``CutlassLinear`` sharing the same parameters (and, with ``fuse_norm``, every RMSNorm it
@@ -122,6 +124,12 @@ def convert(
             ``logits=None``, without ever forming the logits; without ``labels`` it is
             unchanged). Applies to ``module`` itself; a model it does not support is left as is,
             with a ``UserWarning``. ``filter_fn`` is not asked.
+        fuse_rope: also make the rotary position embedding of each ``transformers`` attention
+            layer it recognizes (:data:`cutlass_nn.fused_rotary.ATTENTION_LAYERS`: Llama,
+            Mistral, Qwen2, Qwen3, whose module's ``apply_rotary_pos_emb`` is checked on its
+            source) one :func:`cutlass_nn.functional.apply_rotary_pos_emb` call
+            (:func:`cutlass_nn.fused_rotary.fuse_rotary`: the layer keeps its class, its code
+            and ``state_dict``); ``filter_fn`` is asked about each such layer.
 
     What was converted is logged on the ``cutlass_nn.convert`` logger (INFO).
 
@@ -197,19 +205,29 @@ def convert(
                 fuse_residual_norm(layer)
                 fused_layers += 1
 
+    rotary_layers = 0
+    if fuse_rope:
+        for name, layer in module.named_modules():
+            if fused_rotary.is_fused(layer) or not fused_rotary.can_fuse_rotary(layer):
+                continue
+            if filter_fn is None or filter_fn(name, layer):
+                fused_rotary.fuse_rotary(layer)
+                rotary_layers += 1
+
     counts = {kind: 0 for kind in (CutlassLinear, RMSNorm, GatedMLP)}
     for new in replaced.values():
         counts[type(new)] += 1
     _log.info(
         "cutlass_nn.convert: %d nn.Linear -> CutlassLinear, %d RMSNorm -> cutlass_nn.RMSNorm, "
         "%d gated MLP -> cutlass_nn.GatedMLP, %d decoder layers with the residual add fused "
-        "into their RMSNorm",
+        "into their RMSNorm, %d attention layers with the rotary embedding fused",
         counts[CutlassLinear],
         counts[RMSNorm],
         counts[GatedMLP],
         fused_layers,
+        rotary_layers,
     )
-    if not replaced and not fused_layers:
+    if not replaced and not fused_layers and not rotary_layers:
         kinds = ["nn.Linear"] + ["RMSNorm"] * fuse_norm + ["gated MLP"] * fuse_mlp
         what = kinds[0] if len(kinds) == 1 else ", ".join(kinds[:-1]) + " or " + kinds[-1]
         warnings.warn(

@@ -22,6 +22,7 @@ _rms_norm = torch.ops.cutlass_nn.rms_norm.default
 _add_rms_norm = torch.ops.cutlass_nn.add_rms_norm.default
 _gated_act = torch.ops.cutlass_nn.gated_act.default
 _gated_mlp = torch.ops.cutlass_nn.gated_mlp.default
+_rotary_embedding = torch.ops.cutlass_nn.rotary_embedding.default
 
 __all__ = [
     "linear",
@@ -32,6 +33,7 @@ __all__ = [
     "gated_act",
     "gated_mlp",
     "linear_cross_entropy",
+    "apply_rotary_pos_emb",
 ]
 
 
@@ -214,3 +216,52 @@ def gated_mlp(
     return _gated_mlp(
         input, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation
     )
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotary_fits(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
+    """Whether rotary_embedding takes these [B, H, S, D] operands (its checks, as a predicate)."""
+    return (
+        cos.dim() == 3
+        and q.dtype == k.dtype == cos.dtype == sin.dtype
+        and q.dtype in ops._FLOAT_DTYPES
+        and q.device == k.device == cos.device == sin.device
+        and sin.shape == cos.shape
+        and q.shape[3] % 2 == 0
+        and k.shape[0] == q.shape[0]
+        and k.shape[2] == q.shape[2] == cos.shape[1]
+        and k.shape[3] == q.shape[3] == cos.shape[2]
+        and cos.shape[0] in (1, q.shape[0])
+    )
+
+
+def apply_rotary_pos_emb(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
+) -> tuple[Tensor, Tensor]:
+    """Drop-in for ``transformers``' ``apply_rotary_pos_emb`` (Llama, Mistral, Qwen2, Qwen3):
+    ``(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin)`` with ``cos`` and ``sin``
+    unsqueezed at ``unsqueeze_dim`` and ``rotate_half(x) = [-x2, x1]``.
+
+    With q ``[B, Hq, S, D]``, k ``[B, Hk, S, D]`` and cos, sin ``[B or 1, S, D]`` of q's dtype
+    (``unsqueeze_dim=1``), or the same with heads and positions swapped (``unsqueeze_dim=2``,
+    taken as a free transposed view), both are rotated by one
+    :func:`cutlass_nn.ops.rotary_embedding` call: one pass each way instead of the formula's
+    ten elementwise kernels, in float and rounded once (the formula rounds each product and the
+    sum to 16 bits). Anything else (cos of another dtype, other ranks) runs the formula itself,
+    with torch's type promotion, so the result is always the function's."""
+    if unsqueeze_dim in (1, 2, -3, -2) and q.dim() == 4 and k.dim() == 4:
+        heads_first = unsqueeze_dim in (1, -3)
+        qt = q if heads_first else q.transpose(1, 2)
+        kt = k if heads_first else k.transpose(1, 2)
+        if _rotary_fits(qt, kt, cos, sin):
+            q_out, k_out = _rotary_embedding(qt, kt, cos, sin)
+            if heads_first:
+                return q_out, k_out
+            return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

@@ -208,6 +208,26 @@ def gated_act_backward_(grad_output: Tensor, gate_up: Tensor, activation: str = 
     return _ops.gated_act_backward_.default(grad_output, gate_up, activation)
 
 
+def rotary_embedding(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Rotary position embedding of queries ``q`` ``[B, Hq, S, D]`` and keys ``k``
+    ``[B, Hk, S, D]`` by ``cos`` and ``sin`` ``[B or 1, S, D]`` (all of one dtype and device):
+    ``(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin)``, ``rotate_half(x) =
+    [-x2, x1]`` over the halves of ``D`` -- the form of ``transformers``' ``apply_rotary_pos_emb``
+    with ``unsqueeze_dim=1``. Computed in float (double for float64) and rounded once, in one
+    pass over both. Each output keeps its input's strides when the input is dense with a
+    unit-stride last dim (else it is contiguous). Differentiable in all four arguments."""
+    return _ops.rotary_embedding.default(q, k, cos, sin)
+
+
+def rotary_embedding_backward(
+    grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The backward of :func:`rotary_embedding` for the output gradients: the transposed
+    rotation ``g * cos + [g2 * s2, -(g1 * s1)]`` of each, in one pass. Not differentiable
+    itself; gives no gradients of ``cos`` and ``sin``."""
+    return _ops.rotary_embedding_backward.default(grad_q, grad_k, cos, sin)
+
+
 def cross_entropy_rows_(
     logits: Tensor,
     target: Tensor,
@@ -745,3 +765,76 @@ def last_kernel_name() -> str:
     Process-wide, like the kernel switches (``force_sm80_kernels``, ``_set_gemm_config``): the
     last GEMM of any thread, autograd's backward thread included."""
     return _ops._last_kernel_name()
+
+
+def _dense(x: Tensor) -> bool:
+    """Whether x's elements fill its memory exactly once (c10's is_non_overlapping_and_dense:
+    the strides of the dims of size > 1, in increasing order, are the running products)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(x.shape, x.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _rotary_fake_output(x: Tensor) -> Tensor:
+    # csrc/rotary_layout.h: the input's strides when it is dense with a unit-stride last dim
+    if x.numel() > 0 and x.stride(-1) == 1 and _dense(x):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    return x.new_empty(x.shape)
+
+
+def _fake_rotary(op: str, q_name: str, k_name: str, q, k, cos, sin):
+    # the order and messages of csrc/op_checks.cpp's check_rotary_args
+    _fake_common(op, q_name, q, {})
+    _check(q.dim() == 4, op, f"argument '{q_name}' must be a 4-D tensor [batch, heads, seq, head_dim], got a {q.dim()}-D tensor of shape {list(q.shape)}")
+    _fake_common(op, q_name, q, {k_name: k})
+    _check(k.dim() == 4, op, f"argument '{k_name}' must be a 4-D tensor [batch, kv_heads, seq, head_dim], got a {k.dim()}-D tensor of shape {list(k.shape)}")
+    _fake_common(op, q_name, q, {"cos": cos})
+    _check(cos.dim() == 3, op, f"argument 'cos' must be a 3-D tensor [batch or 1, seq, head_dim], got a {cos.dim()}-D tensor of shape {list(cos.shape)}")
+    _fake_common(op, q_name, q, {"sin": sin})
+    _check(
+        sin.shape == cos.shape,
+        op,
+        f"argument 'sin' must have the shape of 'cos' {list(cos.shape)}, got {list(sin.shape)}",
+    )
+    _check(
+        q.shape[3] % 2 == 0,
+        op,
+        f"argument '{q_name}' must have an even head_dim (its last dimension, rotated in halves), "
+        f"got shape {list(q.shape)}",
+    )
+    for arg, t, dim, what in (
+        (k_name, k, 0, "batch"), (k_name, k, 2, "seq"), (k_name, k, 3, "head_dim"),
+    ):
+        _check(
+            t.shape[dim] == q.shape[dim],
+            op,
+            f"argument '{arg}' must have size {q.shape[dim]} in dimension {dim} ({what} the same "
+            f"as '{q_name}'), got shape {list(t.shape)}",
+        )
+    _check(
+        cos.shape[0] == 1 or cos.shape[0] == q.shape[0],
+        op,
+        f"argument 'cos' must have a batch dimension of 1 or {q.shape[0]} (the batch of "
+        f"'{q_name}'), got shape {list(cos.shape)}",
+    )
+    for dim, what in ((1, "seq"), (2, "head_dim")):
+        _check(
+            cos.shape[dim] == q.shape[dim + 1],
+            op,
+            f"argument 'cos' must have size {q.shape[dim + 1]} in dimension {dim} ({what} the "
+            f"same as '{q_name}'), got shape {list(cos.shape)}",
+        )
+    return _rotary_fake_output(q), _rotary_fake_output(k)
+
+
+@torch.library.register_fake("cutlass_nn::rotary_embedding")
+def _rotary_embedding_fake(q, k, cos, sin):
+    return _fake_rotary("rotary_embedding", "q", "k", q, k, cos, sin)
+
+
+@torch.library.register_fake("cutlass_nn::rotary_embedding_backward")
+def _rotary_embedding_backward_fake(grad_q, grad_k, cos, sin):
+    return _fake_rotary("rotary_embedding_backward", "grad_q", "grad_k", grad_q, grad_k, cos, sin)

@@ -19,27 +19,8 @@ from cutlass_nn import fused_decoder
 
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM"),
-    "mistral": ("MistralConfig", "MistralForCausalLM"),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-}
-
-
-def tiny(family, seed=0, dtype=torch.float32):
-    config_name, model_name = FAMILIES[family]
-    cfg = getattr(transformers, config_name)(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=97, max_position_embeddings=64,
-    )
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_name)(cfg).to(dtype)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(1.0, 0.2)  # not all ones: a wrong weight path would show
-    return model
+from tiny_transformers import FAMILIES, IDS, loss_and_grads, tiny  # noqa: E402
+from tiny_transformers import unfuse as _unfuse  # noqa: E402
 
 
 def layers(model):
@@ -47,19 +28,8 @@ def layers(model):
 
 
 def unfuse(model):
-    for layer in layers(model):
-        layer.__dict__.pop("forward", None)
+    _unfuse(layers(model))
     return model
-
-
-def loss_and_grads(model, ids):
-    model.zero_grad(set_to_none=True)
-    loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
-IDS = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(3))
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

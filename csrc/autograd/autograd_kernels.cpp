@@ -27,6 +27,11 @@
 //                             with rstd recomputed from H, so second-order gradients are exact)
 //   gated_act(GU)             dGU = gated_act_backward(dY, GU)[0] (create_graph: the ATen form
 //                             of csrc/gated_act_aten.h)
+//   rotary_embedding(Q, K, cos, sin)
+//                             dQ, dK = rotary_embedding_backward(dQo, dKo, cos, sin) (a missing
+//                             output gradient becomes a zero-head operand); dcos, dsin (only
+//                             when they require grad; Q, K are saved for them then) and the
+//                             create_graph backward: the ATen forms of csrc/rotary_aten.h
 //   gated_mlp(X, Wg, Wu, Wd, bg, bu, bd)
 //                             with GU = linear(X, [Wg; Wu], [bg; bu]) kept from the forward (the
 //                             only activation kept besides X): dH = linear_dgrad(dY, Wd);
@@ -37,7 +42,7 @@
 //                             with the differentiable linear and the ATen gated backward.
 //
 // The operators without an autograd formula (linear_wgrad_accumulate_, mm.out,
-// rms_norm_backward) keep torch's default for custom operators.
+// rms_norm_backward, rotary_embedding_backward) keep torch's default for custom operators.
 //
 // A call that records no node (grad mode off, or no input requires grad) is redispatched
 // straight to the kernel below autograd, so inference and the backward's own calls pay for no
@@ -57,6 +62,7 @@
 #include "../include/cutlass_nn/ops.h"
 #include "../op_checks.h"
 #include "../rms_norm_aten.h"
+#include "../rotary_aten.h"
 
 namespace cutlass_nn {
 namespace {
@@ -428,6 +434,57 @@ class GatedActFunction : public torch::autograd::Function<GatedActFunction> {
   }
 };
 
+class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->set_materialize_grads(false);
+    // q and k are needed only for the gradients of cos and sin (usually constants)
+    const bool table_grads = needs_grad(cos) || needs_grad(sin);
+    ctx->save_for_backward({cos, sin, table_grads ? q : at::Tensor(), table_grads ? k : at::Tensor()});
+    ctx->saved_data["q_shape"] = q.sizes().vec();
+    ctx->saved_data["k_shape"] = k.sizes().vec();
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [q_out, k_out] = cutlass_nn::rotary_embedding(q, k, cos, sin);
+    return {q_out, k_out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& cos = saved[0];
+    const at::Tensor& sin = saved[1];
+    const at::Tensor& grad_q = grads_out[0];
+    const at::Tensor& grad_k = grads_out[1];
+    variable_list grads(4);
+    if (!grad_q.defined() && !grad_k.defined()) return grads;
+    if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1)) {
+      if (at::GradMode::is_enabled()) {  // create_graph: differentiable ATen form
+        if (grad_q.defined()) grads[0] = rotary_aten(grad_q, cos, sin, true);
+        if (grad_k.defined()) grads[1] = rotary_aten(grad_k, cos, sin, true);
+      } else {
+        // A missing output gradient (that output unused) is passed as an operand of no heads.
+        auto no_heads = [&](const char* key, const at::Tensor& like) {
+          auto shape = ctx->saved_data[key].toIntVector();
+          shape[1] = 0;
+          return at::empty(shape, like.options());
+        };
+        const at::Tensor& present = grad_q.defined() ? grad_q : grad_k;
+        auto [gq, gk] = cutlass_nn::rotary_embedding_backward(
+            grad_q.defined() ? grad_q : no_heads("q_shape", present),
+            grad_k.defined() ? grad_k : no_heads("k_shape", present), cos, sin);
+        if (grad_q.defined()) grads[0] = gq;
+        if (grad_k.defined()) grads[1] = gk;
+      }
+    }
+    if (ctx->needs_input_grad(2) || ctx->needs_input_grad(3)) {
+      auto [grad_cos, grad_sin] = rotary_table_grads_aten(grad_q, grad_k, saved[2], saved[3], cos);
+      if (ctx->needs_input_grad(2)) grads[2] = grad_cos;
+      if (ctx->needs_input_grad(3)) grads[3] = grad_sin;
+    }
+    return grads;
+  }
+};
+
 class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
  public:
   // Inputs 0..6: input, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias.
@@ -682,6 +739,22 @@ at::Tensor gated_act_autograd(c10::DispatchKeySet ks, const at::Tensor& gate_up,
   return GatedActFunction::apply(gate_up, activation)[0];
 }
 
+using RotarySig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                      const at::Tensor&, const at::Tensor&);
+
+std::tuple<at::Tensor, at::Tensor> rotary_embedding_autograd(c10::DispatchKeySet ks,
+                                                             const at::Tensor& q,
+                                                             const at::Tensor& k,
+                                                             const at::Tensor& cos,
+                                                             const at::Tensor& sin) {
+  if (!records_node(q, k, cos, sin)) {
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "rotary_embedding", RotarySig, q, k, cos, sin);
+  }
+  check_rotary_args("rotary_embedding", "q", "k", q, k, cos, sin);
+  const auto out = RotaryFunction::apply(q, k, cos, sin);
+  return {out[0], out[1]};
+}
+
 using GatedMlpSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                const at::Tensor&, const std::optional<at::Tensor>&,
                                const std::optional<at::Tensor>&,
@@ -725,6 +798,7 @@ TORCH_LIBRARY_IMPL(cutlass_nn, Autograd, m) {
   m.impl("add_rms_norm", &add_rms_norm_autograd);
   m.impl("gated_act", &gated_act_autograd);
   m.impl("gated_mlp", &gated_mlp_autograd);
+  m.impl("rotary_embedding", &rotary_embedding_autograd);
 }
 
 }  // namespace cutlass_nn

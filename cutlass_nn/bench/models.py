@@ -307,6 +307,7 @@ def run_row(
     fuse_norm: bool = False,
     fuse_mlp: bool = False,
     fuse_head: bool = False,
+    fuse_rope: bool = False,
     liger: bool = False,
 ) -> dict[str, Any]:
     """Stock, then converted, on the same initial weights and batches; never raises (an
@@ -336,7 +337,7 @@ def run_row(
                     return model
                 example = batches[0] if autotune else None
                 return cutlass_nn.convert(model, example_inputs=example, fuse_norm=fuse_norm,
-                                          fuse_mlp=fuse_mlp,
+                                          fuse_mlp=fuse_mlp, fuse_rope=fuse_rope,
                                           fuse_head=fuse_head and cutlass_nn.fused_head.can_fuse_lm_head(model))
 
             return build
@@ -586,6 +587,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--fuse-head", action="store_true",
                    help="convert with fuse_head=True: the Llama rows' loss through "
                    "linear_cross_entropy (no logits)")
+    p.add_argument("--fuse-rope", action="store_true",
+                   help="convert with fuse_rope=True: the Llama rows' rotary embedding as one "
+                   "rotary_embedding operator per attention layer")
     p.add_argument("--liger", action="store_true",
                    help="add a third side to the Llama rows: the stock model with Liger-Kernel's "
                    "patch (RMSNorm, SwiGLU, fused linear + cross-entropy; needs liger_kernel)")
@@ -642,6 +646,7 @@ def main(argv: Sequence[str]) -> int:
     meta["fuse_norm"] = bool(args.fuse_norm)
     meta["fuse_mlp"] = bool(args.fuse_mlp)
     meta["fuse_head"] = bool(args.fuse_head)
+    meta["fuse_rope"] = bool(args.fuse_rope)
     meta["liger"] = bool(args.liger)
     specs = plan(args.families, args.sizes, args.modes)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -659,7 +664,7 @@ def main(argv: Sequence[str]) -> int:
             row = run_row(spec, steps=args.steps, block=args.block, warmup=args.warmup,
                           autotune=args.autotune, fuse_norm=args.fuse_norm,
                           fuse_mlp=args.fuse_mlp, fuse_head=args.fuse_head,
-                          liger=args.liger)
+                          fuse_rope=args.fuse_rope, liger=args.liger)
         results["rows"].append(row)
         _write(json_path, results)
         if row["status"] == "ok":

@@ -184,6 +184,30 @@ inline void scale_(const at::Tensor& x, const at::Tensor& factor) {
   op.call(x, factor);
 }
 
+// Rotary position embedding of q [B, Hq, S, D] and k [B, Hk, S, D] by cos, sin [B or 1, S, D]:
+// (q * cos + rotate_half(q) * sin, the same of k). Differentiable (also in cos and sin). See
+// csrc/ops_registry.cpp.
+inline std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& q,
+                                                           const at::Tensor& k,
+                                                           const at::Tensor& cos,
+                                                           const at::Tensor& sin) {
+  static const auto op = detail::find_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+      "cutlass_nn::rotary_embedding");
+  return op.call(q, k, cos, sin);
+}
+
+// Its backward: the transposed rotation of the output gradients (no gradients of cos, sin).
+inline std::tuple<at::Tensor, at::Tensor> rotary_embedding_backward(const at::Tensor& grad_q,
+                                                                    const at::Tensor& grad_k,
+                                                                    const at::Tensor& cos,
+                                                                    const at::Tensor& sin) {
+  static const auto op = detail::find_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+      "cutlass_nn::rotary_embedding_backward");
+  return op.call(grad_q, grad_k, cos, sin);
+}
+
 // Cross-entropy rows of logits [rows, vocab] (contiguous) against target [rows] (int64):
 // (loss, lse) in float32 (float64 for float64 logits); with write_grad, logits is overwritten
 // with d loss / d logits times row_scale (1 when absent). See csrc/ops_registry.cpp.
