@@ -108,10 +108,8 @@ def test_autograd_matches_cpu_including_tables_and_an_unused_output():
     cos_cpu, sin_cpu = tables(2, 9, 16, torch.float64, repeat=False, device="cpu")
 
     def grads(device, use_k):
-        q = q_cpu.to(device).requires_grad_()
-        k = k_cpu.to(device).requires_grad_()
-        cos = cos_cpu.to(device).requires_grad_()
-        sin = sin_cpu.to(device).requires_grad_()
+        # fresh leaves on each side (Tensor.to("cpu") of a CPU tensor would be the tensor itself)
+        q, k, cos, sin = (t.to(device, copy=True).requires_grad_() for t in (q_cpu, k_cpu, cos_cpu, sin_cpu))
         q_out, k_out = ops.rotary_embedding(q, k, cos, sin)
         loss = (q_out * q_out).sum() + ((k_out * 3).sum() if use_k else 0)
         loss.backward()
