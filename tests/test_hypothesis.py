@@ -156,3 +156,40 @@ def test_add2_matches_torch(shape, layouts, grads, dtype, seed):
                 torch.testing.assert_close(t.grad, dy, rtol=0, atol=0)
             else:
                 assert t.grad is None
+
+
+@given(
+    batch=st.integers(0, 3),
+    heads=st.tuples(st.integers(0, 4), st.integers(0, 4)),
+    seq=st.integers(0, 9),
+    half=st.integers(0, 6),
+    cos_batch_one=st.booleans(),
+    layouts=st.tuples(*[st.sampled_from(["contig", "heads_last", "wide"])] * 2),
+    seed=st.integers(0, 2**16),
+)
+def test_rotary_embedding_matches_the_formula(batch, heads, seq, half, cos_batch_one, layouts, seed):
+    """float64: the operator is the formula bitwise (same products and sums), for any sizes
+    (zero included) and input layouts, and the output keeps a dense input's strides."""
+    dim = 2 * half
+
+    def make(h, layout, s):
+        t = _rand((batch, h, seq, dim), torch.float64, s)
+        if layout == "heads_last":  # a projection's [B, S, H, D] output viewed as [B, H, S, D]
+            return t.transpose(1, 2).contiguous().transpose(1, 2)
+        if layout == "wide":  # every other head of a wider tensor: not dense
+            big = torch.zeros(batch, 2 * h, seq, dim, dtype=torch.float64)
+            big[:, ::2] = t
+            return big[:, ::2]
+        return t
+
+    q, k = make(heads[0], layouts[0], seed), make(heads[1], layouts[1], seed + 1)
+    cos = _rand((1 if cos_batch_one else batch, seq, dim), torch.float64, seed + 2)
+    sin = _rand(cos.shape, torch.float64, seed + 3)
+    note(f"q {tuple(q.shape)} {q.stride()}, k {tuple(k.shape)} {k.stride()}, cos {tuple(cos.shape)}")
+    got = cutlass_nn.ops.rotary_embedding(q, k, cos, sin)
+    for x, out in zip((q, k), got):
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        assert torch.equal(out, x * c + rot * s)
+        if x.numel() > 0 and (x.is_contiguous() or x.transpose(1, 2).is_contiguous()):
+            assert out.stride() == x.stride()
