@@ -235,6 +235,13 @@ def convert(
             "(none found, or filter_fn rejected them all)",
             stacklevel=2,
         )
+    if fuse_rope and not rotary_layers:
+        warnings.warn(
+            f"cutlass_nn.convert: fuse_rope: no attention layer of this {type(module).__name__} "
+            f"was fused (none of {', '.join(sorted(fused_rotary.ATTENTION_LAYERS))} with the "
+            "standard rotary embedding found, or filter_fn rejected them)",
+            stacklevel=2,
+        )
     if fuse_head:
         if can_fuse_lm_head(module):
             fuse_lm_head(module)

@@ -129,7 +129,7 @@ _SPECS: dict[type, _Spec | None] = {}
 def can_fuse_residual_norm(layer: nn.Module) -> bool:
     """Whether ``layer`` is a decoder layer :func:`fuse_residual_norm` supports: a class of
     :data:`DECODER_LAYERS` from ``transformers`` whose forward is the expected one, with the
-    four submodules it calls."""
+    four submodules it calls, and no instance-level ``forward`` of another origin."""
     cls = type(layer)
     if cls.__name__ not in DECODER_LAYERS or not cls.__module__.startswith("transformers."):
         return False
@@ -138,6 +138,8 @@ def can_fuse_residual_norm(layer: nn.Module) -> bool:
         for name in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
     ):
         return False
+    if "forward" in layer.__dict__ and not is_fused(layer):
+        return False  # a forward of its own (e.g. a wrapper a library installed): left as is
     if cls not in _SPECS:
         _SPECS[cls] = _spec_of(cls)
     return _SPECS[cls] is not None

@@ -8,10 +8,11 @@ summed). ``fuse_rotary(attention)`` makes that one
 :func:`cutlass_nn.functional.apply_rotary_pos_emb` call: one pass over q and k each way.
 
 It gives the attention instance its own ``forward``: the class's forward itself (same code,
-through the same decorators) whose global name ``apply_rotary_pos_emb`` is bound to
-:func:`cutlass_nn.functional.apply_rotary_pos_emb` instead of the module's. Nothing else
-changes: the class, the parameters, ``state_dict``, hooks, other instances, other models and the
-``transformers`` module itself keep the stock function. The swap is made only when the modeling
+through the same decorators, reading every other global live from its module) that loads
+:func:`cutlass_nn.functional.apply_rotary_pos_emb` where it loaded the module's
+``apply_rotary_pos_emb`` (its code's global name is renamed to a private one the module is given).
+Nothing else changes: the class, the parameters, ``state_dict``, hooks, other instances, other
+models and the module's ``apply_rotary_pos_emb`` keep the stock function. The swap is made only when the modeling
 module's ``apply_rotary_pos_emb`` and ``rotate_half`` are, statement for statement, the formula
 the operator computes (checked on their source), so a ``transformers`` release that changes
 them is left unfused, not run wrongly. :func:`cutlass_nn.convert` applies it with
@@ -21,6 +22,7 @@ them is left unfused, not run wrongly. :func:`cutlass_nn.convert` applies it wit
 from __future__ import annotations
 
 import ast
+import dis
 import inspect
 import sys
 import textwrap
@@ -120,19 +122,39 @@ def _copy_function(fn: types.FunctionType, globals_: dict, closure: tuple | None
     return new
 
 
+# The global name the rebound forward loads instead of ``apply_rotary_pos_emb``, set in the
+# modeling module to cutlass_nn's function (a new private name: nothing of the module changes).
+_GLOBAL_NAME = "_cutlass_nn_apply_rotary_pos_emb"
+
+
+def _renamed_code(code: types.CodeType) -> types.CodeType | None:
+    """``code`` loading the global ``_GLOBAL_NAME`` where it loaded ``apply_rotary_pos_emb``; None
+    when that name is used otherwise (an attribute, a store, a nested function)."""
+    name = "apply_rotary_pos_emb"
+    if name not in code.co_names:
+        return None
+    if any(isinstance(c, types.CodeType) and name in c.co_names for c in code.co_consts):
+        return None
+    if any(ins.argval == name and ins.opname != "LOAD_GLOBAL" for ins in dis.get_instructions(code)):
+        return None
+    return code.replace(co_names=tuple(_GLOBAL_NAME if n == name else n for n in code.co_names))
+
+
 def _rebound_forward(forward_fn: Any, module: types.ModuleType) -> Callable | None:
-    """The class's forward with the innermost function's global ``apply_rotary_pos_emb`` bound
-    to cutlass_nn's, each known wrapper rebuilt around the new function (its closure cell that
-    held the old one now holds the new one); None when the chain is not the expected one."""
+    """The class's forward loading cutlass_nn's function where it loaded the module's
+    ``apply_rotary_pos_emb`` (its code's global name renamed; every other global is still read
+    live from the module), each known wrapper rebuilt around the new function (its closure cell
+    that held the old one now holds the new one); None when the chain is not the expected one."""
     chain = _wrapper_chain(forward_fn)
-    if chain is None or "apply_rotary_pos_emb" not in chain[-1].__code__.co_names:
+    if chain is None:
         return None
     inner = chain[-1]
-    if inner.__globals__ is not vars(module):
+    code = _renamed_code(inner.__code__)
+    if code is None or inner.__globals__ is not vars(module):
         return None
-    globals_ = dict(inner.__globals__)
-    globals_["apply_rotary_pos_emb"] = F.apply_rotary_pos_emb
-    new = _copy_function(inner, globals_, inner.__closure__)
+    setattr(module, _GLOBAL_NAME, F.apply_rotary_pos_emb)
+    new = _copy_function(inner, inner.__globals__, inner.__closure__)
+    new.__code__ = code
     for wrapper, old in zip(reversed(chain[:-1]), reversed(chain[1:])):
         cells = wrapper.__closure__ or ()
         holds_old = [i for i, c in enumerate(cells) if _cell_holds(c, old)]
@@ -184,10 +206,13 @@ def _fused_forward_of(cls: type) -> _Fused | None:
 def can_fuse_rotary(attention: nn.Module) -> bool:
     """Whether ``attention`` is an attention layer :func:`fuse_rotary` supports: a class of
     :data:`ATTENTION_LAYERS` from ``transformers`` whose forward calls its module's
-    ``apply_rotary_pos_emb``, that function and ``rotate_half`` being the expected formula."""
+    ``apply_rotary_pos_emb``, that function and ``rotate_half`` being the expected formula, and
+    that has no instance-level ``forward`` of another origin."""
     cls = type(attention)
     if cls.__name__ not in ATTENTION_LAYERS or not cls.__module__.startswith("transformers."):
         return False
+    if "forward" in attention.__dict__ and not is_fused(attention):
+        return False  # a forward of its own (e.g. a wrapper a library installed): left as is
     return _fused_forward_of(cls) is not None
 
 
@@ -224,7 +249,8 @@ def fuse_rotary(attention: nn.Module) -> nn.Module:
         raise TypeError(
             "cutlass_nn.fuse_rotary: argument 'attention' must be a transformers attention "
             f"layer of {', '.join(sorted(ATTENTION_LAYERS))} whose module has the standard "
-            f"apply_rotary_pos_emb, got {type(attention).__module__}.{type(attention).__qualname__}"
+            "apply_rotary_pos_emb and without a forward of its own, got "
+            f"{type(attention).__module__}.{type(attention).__qualname__}"
         )
     attention.forward = forward.__get__(attention)
     return attention

@@ -314,3 +314,21 @@ def test_a_patched_class_forward_is_followed():
     finally:
         cls.forward = original
     assert len(calls) == 2
+
+
+def test_a_layer_with_a_forward_of_its_own_is_left_as_is():
+    """A wrapper a library installed on the instance (as accelerate's hooks do) keeps running."""
+    model = tiny("llama")
+    runs = []
+    for layer in layers(model):
+        inner = layer.forward
+
+        def wrapped(*args, _inner=inner, **kwargs):
+            runs.append(1)
+            return _inner(*args, **kwargs)
+
+        layer.forward = wrapped
+    cutlass_nn.convert(model, fuse_norm=True)
+    assert not any(fused_decoder.is_fused(layer) for layer in layers(model))
+    model(input_ids=IDS)
+    assert len(runs) == 2

@@ -261,3 +261,43 @@ def test_compile_matches_eager():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for name in grads:
         torch.testing.assert_close(got_grads[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_an_instance_with_a_forward_of_its_own_is_left_as_is():
+    """A wrapper a library installed on the instance (as accelerate's hooks do) keeps running."""
+    model = tiny()
+    runs = []
+    for attn in attentions(model):
+        inner = attn.forward
+
+        def wrapped(*args, _inner=inner, **kwargs):
+            runs.append(1)
+            return _inner(*args, **kwargs)
+
+        attn.forward = wrapped
+    with pytest.warns(UserWarning, match=r"fuse_rope: no attention layer"):
+        cutlass_nn.convert(model, lambda name, m: type(m).__name__ == "LlamaAttention", fuse_rope=True)
+    assert not any(fused_rotary.is_fused(a) for a in attentions(model))
+    with _CountCalls() as counter:
+        model(input_ids=IDS)
+    assert len(runs) == 2 and counter.calls == 0
+
+
+def test_the_module_globals_stay_live(monkeypatch):
+    """The fused forward reads the modeling module's other globals at call time: a later change
+    to one of them (here the eager attention function) is seen, as by the stock forward."""
+    model = cutlass_nn.convert(tiny(), fuse_rope=True)
+    model.config._attn_implementation = "eager"
+    module = sys.modules[type(attentions(model)[0]).__module__]
+    real = module.eager_attention_forward
+    spy_calls = []
+
+    def spy(*args, **kwargs):
+        spy_calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "eager_attention_forward", spy)
+    with _CountCalls() as counter:
+        model(input_ids=IDS)
+    assert len(spy_calls) == 2 and counter.calls == 2
+    assert module.apply_rotary_pos_emb is not F.apply_rotary_pos_emb
