@@ -239,6 +239,19 @@ def _rotary_fits(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
     )
 
 
+def _promoted(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, ...]:
+    """The four in the dtype torch's promotion gives the formula's results, when q, k share one
+    floating dtype and cos, sin another (16-bit q and k beside float32 tables under autocast):
+    an exact up-cast, so the operator in that dtype computes the formula's products and sums
+    bitwise. Anything else is returned unchanged (and then runs the formula unless it fits)."""
+    if q.dtype == k.dtype == cos.dtype == sin.dtype or not (q.dtype == k.dtype and cos.dtype == sin.dtype):
+        return q, k, cos, sin
+    dtype = torch.promote_types(q.dtype, cos.dtype)
+    if q.dtype not in ops._FLOAT_DTYPES or cos.dtype not in ops._FLOAT_DTYPES:
+        return q, k, cos, sin
+    return tuple(t if t.dtype == dtype else t.to(dtype) for t in (q, k, cos, sin))
+
+
 def apply_rotary_pos_emb(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
 ) -> tuple[Tensor, Tensor]:
@@ -251,9 +264,12 @@ def apply_rotary_pos_emb(
     taken as a free transposed view), both are rotated by one
     :func:`cutlass_nn.ops.rotary_embedding` call: one pass each way instead of the formula's
     ten elementwise kernels, in float and rounded once (the formula rounds each product and the
-    sum to 16 bits). Anything else (cos of another dtype, other ranks) runs the formula itself,
-    with torch's type promotion, so the result is always the function's."""
+    sum to 16 bits). 16-bit q and k beside float32 cos and sin (a model in float32 under
+    autocast) are first cast to float32, the dtype the formula's promotion gives, so the
+    operator computes the formula's float32 results bitwise. Anything else (other dtype mixes,
+    ranks or broadcasts) runs the formula itself, so the result is always the function's."""
     if unsqueeze_dim in (1, 2, -3, -2) and q.dim() == 4 and k.dim() == 4:
+        q, k, cos, sin = _promoted(q, k, cos, sin)
         heads_first = unsqueeze_dim in (1, -3)
         qt = q if heads_first else q.transpose(1, 2)
         kt = k if heads_first else k.transpose(1, 2)

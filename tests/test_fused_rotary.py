@@ -301,3 +301,16 @@ def test_the_module_globals_stay_live(monkeypatch):
         model(input_ids=IDS)
     assert len(spy_calls) == 2 and counter.calls == 2
     assert module.apply_rotary_pos_emb is not F.apply_rotary_pos_emb
+
+
+def test_autocast_takes_the_operator_and_matches_stock():
+    """A float32 model under bfloat16 autocast: 16-bit q, k beside float32 cos, sin take the
+    operator in float32 (the formula's promotion), with the stock model's results."""
+    stock = tiny()
+    ours = cutlass_nn.convert(tiny(), fuse_rope=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = stock(input_ids=IDS, labels=IDS).loss
+        with _CountCalls() as counter:
+            got = ours(input_ids=IDS, labels=IDS).loss
+    assert counter.calls == 2
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)

@@ -278,13 +278,14 @@ def test_drop_in_falls_back_to_the_formula_with_its_promotion():
     real = F._rotary_embedding
     q = projection_view(2, 5, 4, 8, torch.bfloat16, 18)
     k = projection_view(2, 5, 2, 8, torch.bfloat16, 19)
-    cos, sin = tables(2, 5, 8, torch.float32)  # another dtype than q: torch promotes to float32
+    cos, sin = tables(2, 5, 8, torch.float32)
     try:
         F._rotary_embedding = lambda *a: calls.append(a) or real(*a)
-        got = F.apply_rotary_pos_emb(q, k, cos, sin)
-        assert not calls and got[0].dtype == torch.float32
-        for g, w in zip(got, formula(q, k, cos, sin)):
-            assert torch.equal(g, w)
+        # q and k of another dtype than cos and sin in each pair: the formula (promoting)
+        got = F.apply_rotary_pos_emb(q, k.float(), cos, sin.double())
+        assert not calls
+        for g, w in zip(got, formula(q, k.float(), cos, sin.double())):
+            assert g.dtype == w.dtype and torch.equal(g, w)
         # 2-D tables (positions only) and a broadcast seq also run the formula
         got = F.apply_rotary_pos_emb(q.float(), k.float(), cos[0], sin[0], unsqueeze_dim=0)
         assert not calls
@@ -323,3 +324,34 @@ def test_compile_fullgraph(dynamic):
         torch.testing.assert_close(got, want)
         for g, w in zip(got_grads, want_grads):
             torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_drop_in_promotes_16_bit_q_k_beside_float32_tables_like_the_formula(dtype):
+    """Under autocast a float32 model hands 16-bit q, k and float32 cos, sin to the function:
+    the results are float32 (torch's promotion) and bitwise the formula's; gradients reach q and
+    k in their own dtype, at least as close to the exact ones as the formula's."""
+    q = projection_view(2, 5, 4, 8, dtype, 20).detach().requires_grad_()
+    k = projection_view(2, 5, 2, 8, dtype, 21).detach().requires_grad_()
+    cos, sin = tables(2, 5, 8, torch.float32)
+    calls = []
+    real = F._rotary_embedding
+    try:
+        F._rotary_embedding = lambda *a: calls.append(a) or real(*a)
+        got = F.apply_rotary_pos_emb(q, k, cos, sin)
+    finally:
+        F._rotary_embedding = real
+    assert len(calls) == 1
+    want = formula(q, k, cos, sin)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == torch.float32 and torch.equal(g, w)
+    weights = [torch.randn(t.shape, dtype=torch.float32) for t in want]
+    ours = torch.autograd.grad(sum((g * wt).sum() for g, wt in zip(got, weights)), (q, k))
+    theirs = torch.autograd.grad(sum((w * wt).sum() for w, wt in zip(want, weights)), (q, k))
+    q64, k64 = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+    exact = torch.autograd.grad(
+        sum((w * wt.double()).sum() for w, wt in zip(formula(q64, k64, cos.double(), sin.double()), weights)),
+        (q64, k64))
+    for o, t, e in zip(ours, theirs, exact):
+        assert o.dtype == dtype
+        assert (o.double() - e).abs().sum() <= (t.double() - e).abs().sum()
