@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import ast
 import inspect
-import textwrap
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from cutlass_nn import functional as F
+from cutlass_nn._source_check import body_dump, function_def, wrapper_chain
 from cutlass_nn.modules import RMSNorm, _norm_fits
 
 #: Decoder layer classes of ``transformers`` whose forward the fused one reproduces (checked
@@ -54,10 +54,6 @@ return hidden_states
 """
 
 
-def _body_dump(statements: list[ast.stmt]) -> str:
-    return "\n".join(ast.dump(s) for s in statements)
-
-
 class _Spec(NamedTuple):
     """What the fused forward needs of a layer class: the names of its forward's parameters
     between ``hidden_states`` and ``**kwargs`` (passed to the attention by name), their
@@ -79,13 +75,7 @@ _KNOWN_WRAPPERS = frozenset({
 
 
 def _wrappers_known(forward_fn: Any) -> bool:
-    f = forward_fn
-    while hasattr(f, "__wrapped__"):
-        code = getattr(f, "__code__", None)
-        if code is None or (code.co_name, code.co_filename.replace("\\", "/").rsplit("/", 1)[-1]) not in _KNOWN_WRAPPERS:
-            return False
-        f = f.__wrapped__
-    return True
+    return wrapper_chain(forward_fn, _KNOWN_WRAPPERS) is not None
 
 
 def _spec_of(cls: type) -> _Spec | None:
@@ -94,10 +84,12 @@ def _spec_of(cls: type) -> _Spec | None:
     if not _wrappers_known(cls.forward):
         return None
     forward_fn = inspect.unwrap(cls.forward)
+    func = function_def(forward_fn)
     try:
-        source = textwrap.dedent(inspect.getsource(forward_fn))
         params = list(inspect.signature(forward_fn).parameters.values())
-    except (OSError, TypeError, ValueError):
+    except (TypeError, ValueError):
+        return None
+    if func is None:
         return None
     if (
         len(params) < 3
@@ -109,16 +101,8 @@ def _spec_of(cls: type) -> _Spec | None:
     ):
         return None
     middle = params[2:-1]
-    tree = ast.parse(source)
-    func = tree.body[0] if tree.body else None
-    if not isinstance(func, ast.FunctionDef):
-        return None
-    body = [
-        s for s in func.body
-        if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))  # docstrings
-    ]
     expected = _EXPECTED_BODY.replace("ATTENTION_ARGS", "".join(f"{p.name}={p.name}, " for p in middle))
-    if _body_dump(body) != _body_dump(ast.parse(expected).body):
+    if body_dump(func.body) != body_dump(ast.parse(expected).body):
         return None
     return _Spec(tuple(p.name for p in middle), {p.name: p.default for p in middle}, cls.forward)
 

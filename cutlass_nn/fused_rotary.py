@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import ast
 import dis
-import inspect
 import sys
-import textwrap
 import types
 from typing import Any, Callable, NamedTuple
 
@@ -33,6 +31,7 @@ import torch
 from torch import nn
 
 from cutlass_nn import functional as F
+from cutlass_nn._source_check import body_dump, function_def, wrapper_chain
 
 #: Attention classes of ``transformers`` whose forward calls their module's
 #: ``apply_rotary_pos_emb`` (checked against transformers 5.17 and 5.24; each module's function
@@ -66,11 +65,7 @@ _KNOWN_WRAPPERS = frozenset({("wrapped_func", "deprecation.py")})
 
 
 def _signature_and_body(func: ast.FunctionDef) -> str:
-    body = [
-        s for s in func.body
-        if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))  # docstrings
-    ]
-    return ast.dump(func.args) + "\n" + "\n".join(ast.dump(s) for s in body)
+    return ast.dump(func.args) + "\n" + body_dump(func.body)
 
 
 def _expected_dump(name: str) -> str:
@@ -82,34 +77,12 @@ def _expected_dump(name: str) -> str:
 def _is_expected(fn: Any, name: str) -> bool:
     if not isinstance(fn, types.FunctionType):
         return False
-    try:
-        source = textwrap.dedent(inspect.getsource(inspect.unwrap(fn)))
-    except (OSError, TypeError, ValueError):
-        return False
-    tree = ast.parse(source)
-    func = tree.body[0] if tree.body else None
-    return (
-        isinstance(func, ast.FunctionDef)
-        and func.name == name
-        and _signature_and_body(func) == _expected_dump(name)
-    )
+    func = function_def(fn)
+    return func is not None and func.name == name and _signature_and_body(func) == _expected_dump(name)
 
 
 def _wrapper_chain(forward_fn: Any) -> list[types.FunctionType] | None:
-    """The forward and the functions it wraps, outermost first, when every wrapper is a known
-    one (a closure holding the next function) and the innermost is a plain function; else None."""
-    chain = []
-    f = forward_fn
-    while True:
-        if not isinstance(f, types.FunctionType):
-            return None
-        chain.append(f)
-        if not hasattr(f, "__wrapped__"):
-            return chain
-        code = f.__code__
-        if (code.co_name, code.co_filename.replace("\\", "/").rsplit("/", 1)[-1]) not in _KNOWN_WRAPPERS:
-            return None
-        f = f.__wrapped__
+    return wrapper_chain(forward_fn, _KNOWN_WRAPPERS)
 
 
 def _copy_function(fn: types.FunctionType, globals_: dict, closure: tuple | None) -> types.FunctionType:
