@@ -23,6 +23,8 @@
 #include <tuple>
 #include <vector>
 
+#include "autograd/wgrad_accumulation.h"
+
 #ifdef CUTLASS_NN_WITH_CUDA
 #include "cuda/gemm_autotune.h"
 #include "cuda/gemm_binding.h"
@@ -144,6 +146,16 @@ static void autotune_add_entries(const std::vector<int64_t>& ints,
   (void)ints;
   (void)floats;
 #endif
+}
+
+// The switch of fused weight-gradient accumulation (csrc/autograd/wgrad_accumulation.h):
+// mode 1 = on, 0 = off, -1 = leave as is; returns the previous state.
+static bool fused_wgrad_accumulation_mode(int64_t mode) {
+  TORCH_CHECK(mode >= -1 && mode <= 1,
+              "cutlass_nn._fused_wgrad_accumulation: argument 'mode' must be -1 (query), 0 (off) "
+              "or 1 (on), got ", std::to_string(mode));
+  if (mode == -1) return fused_wgrad_accumulation_flag();
+  return set_fused_wgrad_accumulation_flag(mode == 1);
 }
 
 static int64_t autotune_clear() {
@@ -276,6 +288,7 @@ TORCH_LIBRARY(cutlass_nn, m) {
   m.def("_autotune_entries() -> (int[], float[], str[])", &autotune_entries);
   m.def("_autotune_add_entries(int[] ints, float[] floats) -> ()", &autotune_add_entries);
   m.def("_autotune_clear() -> int", &autotune_clear);
+  m.def("_fused_wgrad_accumulation(int mode) -> bool", &fused_wgrad_accumulation_mode);
 }
 
 }  // namespace cutlass_nn

@@ -18,6 +18,8 @@ Public API:
   ``gated_act``, ``gated_mlp``, ``linear_cross_entropy``.
 * :mod:`cutlass_nn.ops` -- the raw operators (also reachable as ``torch.ops.cutlass_nn.*``).
 * :mod:`cutlass_nn.autotune` -- opt-in per-shape tuning of the GEMM kernel configuration.
+* :func:`fused_wgrad_accumulation` / :func:`set_fused_wgrad_accumulation` -- opt-in: linear
+  layers' weight-gradient GEMMs add into an existing ``.grad`` (gradient accumulation).
 """
 
 from cutlass_nn._version import __version__
@@ -43,6 +45,11 @@ from cutlass_nn.modules import (
 )
 from cutlass_nn.convert import convert
 from cutlass_nn.fused_head import fuse_lm_head
+from cutlass_nn.grad_accumulation import (
+    fused_wgrad_accumulation,
+    fused_wgrad_accumulation_enabled,
+    set_fused_wgrad_accumulation,
+)
 from cutlass_nn._extension import build_info, has_cuda_kernels
 
 __all__ = [
@@ -60,6 +67,8 @@ __all__ = [
     "convert",
     "functional",
     "fuse_lm_head",
+    "fused_wgrad_accumulation",
+    "fused_wgrad_accumulation_enabled",
     "gated_mlp",
     "has_cuda_kernels",
     "linear",
@@ -67,6 +76,7 @@ __all__ = [
     "mm",
     "ops",
     "rms_norm",
+    "set_fused_wgrad_accumulation",
 ]
 
 autotune._init_from_env()  # CUTLASS_NN_AUTOTUNE, CUTLASS_NN_AUTOTUNE_CACHE

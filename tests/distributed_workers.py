@@ -278,3 +278,45 @@ def _fsdp2_body(rank, world_size, device, steps):
 
 def fsdp2_worker(rank, world_size, init_method, out_dir, device_type, steps):
     _run(_fsdp2_body, rank, world_size, init_method, out_dir, device_type, steps)
+
+
+# ---------------------------------------------------------------------------------------------
+# DDP with gradient accumulation (no_sync micro-batches) and fused weight-gradient accumulation
+# ---------------------------------------------------------------------------------------------
+
+
+def _ddp_accumulate_body(rank, world_size, device, micro):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    g = torch.Generator().manual_seed(DATA_SEED + 1)
+    x = torch.randn(world_size, micro, 3, IN_FEATURES, generator=g).to(device)
+    y = torch.randn(world_size, micro, 3, OUT_FEATURES, generator=g).to(device)
+
+    # The reference: one process, no DDP, fused accumulation off; every rank's micro-batches
+    # accumulated, then averaged over the ranks (what DDP's all-reduce forms).
+    ref = build_model(device)
+    for r in range(world_size):
+        for i in range(micro):
+            F.mse_loss(ref(x[r, i]), y[r, i]).backward()
+    reference = _cpu_dict((n, p.grad / world_size) for n, p in ref.named_parameters())
+
+    model = build_model(device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # counted with the profiler: under a dispatch mode (CountCutlassOps) the fused path is off
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with cutlass_nn.fused_wgrad_accumulation(), torch.profiler.profile(activities=activities) as prof:
+        for i in range(micro):
+            sync = i == micro - 1
+            with contextlib.nullcontext() if sync else ddp.no_sync():
+                F.mse_loss(ddp(x[rank, i]), y[rank, i]).backward()
+    names = [e.name for e in prof.events()]
+    return dict(
+        grads=_cpu_dict((n, p.grad) for n, p in model.named_parameters()),
+        reference=reference,
+        accumulated_in_place=names.count("cutlass_nn::linear_wgrad_accumulate_"),
+        new_wgrads=names.count("cutlass_nn::linear_wgrad"),
+    )
+
+
+def ddp_accumulate_worker(rank, world_size, init_method, out_dir, device_type, micro):
+    _run(_ddp_accumulate_body, rank, world_size, init_method, out_dir, device_type, micro)

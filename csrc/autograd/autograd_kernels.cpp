@@ -7,6 +7,9 @@
 // without it (grad mode off inside backward) they run below autograd and record nothing.
 //
 //   linear(X, W, b)           dX = linear_dgrad(dY, W), dW = linear_wgrad(dY, X), db = bias_grad(dY)
+//                             (with fused weight-gradient accumulation on and W.grad present:
+//                             linear_wgrad_accumulate_(W.grad, dY, X) and no dW; see
+//                             accumulate_wgrad_in_place)
 //   linear_dgrad(g, W)        dg = linear(G, W), dW = linear_wgrad(g, G)
 //   linear_wgrad(g, X)        dg = linear(X, G), dX = linear_dgrad(g, G)
 //   bias_grad(g)              dg = G broadcast over g's leading dims (a view)
@@ -54,6 +57,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <string>
 #include <tuple>
 
@@ -63,6 +67,7 @@
 #include "../op_checks.h"
 #include "../rms_norm_aten.h"
 #include "../rotary_aten.h"
+#include "wgrad_accumulation.h"
 
 namespace cutlass_nn {
 namespace {
@@ -85,11 +90,45 @@ bool records_node(const Ts&... inputs) {
 
 at::Tensor undefined() { return at::Tensor(); }
 
+std::atomic<bool> g_fused_wgrad_accumulation{false};
+
+// Whether weight.grad can take dW = grad_z^T X by an in-place GEMM (fused weight-gradient
+// accumulation): the switch is on; no graph of the gradient is being built (create_graph);
+// the weight is a plain leaf whose .grad already exists (a later micro-batch: the first one
+// hands autograd a new tensor, as usual) with the weight's shape, dtype and device, contiguous;
+// and nothing would see the gradient before it is accumulated (no tensor hooks, no retain_grad
+// on the weight). Autograd then receives no gradient for the weight: its AccumulateGrad node
+// still runs and fires its post hooks (DDP's reducer, register_post_accumulate_grad_hook), which
+// find the accumulated .grad.
+bool accumulate_wgrad_in_place(const at::Tensor& grad_z, const at::Tensor& input,
+                               const at::Tensor& weight) {
+  if (!g_fused_wgrad_accumulation.load(std::memory_order_relaxed) || at::GradMode::is_enabled() ||
+      !weight.is_leaf() || !weight.requires_grad() || at::isTensorSubclassLike(weight)) {
+    return false;
+  }
+  const at::Tensor& grad = weight.grad();
+  if (!grad.defined() || at::isTensorSubclassLike(grad) || grad.sizes() != weight.sizes() ||
+      grad.scalar_type() != weight.scalar_type() || grad.device() != weight.device() ||
+      !grad.is_contiguous() || grad.requires_grad()) {
+    return false;
+  }
+  if (!torch::autograd::impl::hooks(weight).empty()) return false;
+  const auto acc = torch::autograd::impl::try_get_grad_accumulator(weight);
+  if (acc == nullptr || !acc->pre_hooks().empty() || !acc->tensor_pre_hooks().empty() ||
+      !acc->retains_grad_hooks().empty()) {
+    return false;
+  }
+  cutlass_nn::linear_wgrad_accumulate_(grad, grad_z, input);
+  return true;
+}
+
 // linear's gradients from the output gradient dZ of z = X W^T + b.
 void linear_input_grads(AutogradContext* ctx, const at::Tensor& grad_z, const at::Tensor& input,
                         const at::Tensor& weight, bool has_bias, variable_list& grads) {
   if (ctx->needs_input_grad(0)) grads[0] = cutlass_nn::linear_dgrad(grad_z, weight);
-  if (ctx->needs_input_grad(1)) grads[1] = cutlass_nn::linear_wgrad(grad_z, input);
+  if (ctx->needs_input_grad(1) && !accumulate_wgrad_in_place(grad_z, input, weight)) {
+    grads[1] = cutlass_nn::linear_wgrad(grad_z, input);
+  }
   if (has_bias && !grads[2].defined() && ctx->needs_input_grad(2)) {
     grads[2] = cutlass_nn::bias_grad(grad_z);
   }
@@ -783,6 +822,12 @@ at::Tensor gated_mlp_autograd(c10::DispatchKeySet ks, const at::Tensor& input,
 #undef CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD
 
 }  // namespace
+
+bool set_fused_wgrad_accumulation_flag(bool enable) {
+  return g_fused_wgrad_accumulation.exchange(enable);
+}
+
+bool fused_wgrad_accumulation_flag() { return g_fused_wgrad_accumulation.load(); }
 
 TORCH_LIBRARY_IMPL(cutlass_nn, Autograd, m) {
   m.impl("linear", &linear_autograd);

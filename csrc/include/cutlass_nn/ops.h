@@ -246,6 +246,16 @@ inline std::string build_info() {
   return op.call();
 }
 
+// Fused weight-gradient accumulation (process-wide, off by default): when on, the backward of
+// linear / linear_act adds the weight gradient into an existing weight.grad in the GEMM itself
+// (see cutlass_nn/grad_accumulation.py for when it applies). Returns the previous setting.
+inline bool set_fused_wgrad_accumulation(bool enable) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cutlass_nn::_fused_wgrad_accumulation", "")
+                             .typed<bool(int64_t)>();
+  return op.call(enable ? 1 : 0);
+}
+
 // True when the operators are registered, i.e. libcutlass_nn_ops.so is loaded.
 inline bool is_loaded() {
   return c10::Dispatcher::singleton().findSchema({"cutlass_nn::linear", ""}).has_value();

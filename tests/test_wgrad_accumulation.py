@@ -1,0 +1,204 @@
+"""Fused weight-gradient accumulation (cutlass_nn.fused_wgrad_accumulation) on the CPU backend:
+off by default; with it on, micro-batches without zero_grad give the gradients of the unfused
+run, the later micro-batches' weight gradients are formed by linear_wgrad_accumulate_ (the first
+one, a hook on the weight, create_graph, a dispatch mode and tied uses take or keep the usual
+path correctly), post-accumulate-grad hooks still fire, the setting is process-wide and restored by
+the context manager, and DDP with no_sync micro-batches matches a single-process run (gloo,
+tests/distributed_workers.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cutlass_nn
+
+
+def model(seed=0, dtype=torch.float64, bias=True):
+    torch.manual_seed(seed)
+    return cutlass_nn.convert(nn.Sequential(
+        nn.Linear(6, 8, bias=bias, dtype=dtype), nn.GELU(), nn.Linear(8, 3, bias=bias, dtype=dtype)
+    ))
+
+
+def micro_batches(n=3, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(7)
+    return [(torch.randn(4, 6, generator=gen, dtype=dtype), torch.randn(4, 3, generator=gen, dtype=dtype))
+            for _ in range(n)]
+
+
+def accumulate(m, batches):
+    for x, y in batches:
+        F.mse_loss(m(x), y).backward()
+    return {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+def op_counts(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    names = [e.name for e in prof.events()]
+    return names.count("cutlass_nn::linear_wgrad"), names.count("cutlass_nn::linear_wgrad_accumulate_")
+
+
+def test_off_by_default_and_the_context_manager_restores():
+    assert cutlass_nn.fused_wgrad_accumulation_enabled() is False
+    with cutlass_nn.fused_wgrad_accumulation():
+        assert cutlass_nn.fused_wgrad_accumulation_enabled() is True
+        with cutlass_nn.fused_wgrad_accumulation(False):
+            assert cutlass_nn.fused_wgrad_accumulation_enabled() is False
+        assert cutlass_nn.fused_wgrad_accumulation_enabled() is True
+    assert cutlass_nn.fused_wgrad_accumulation_enabled() is False
+    assert cutlass_nn.set_fused_wgrad_accumulation(True) is False
+    assert cutlass_nn.set_fused_wgrad_accumulation(False) is True
+
+
+def test_arguments_are_checked():
+    with pytest.raises(TypeError, match=r"cutlass_nn\.set_fused_wgrad_accumulation: argument 'enabled' must be a bool, got int"):
+        cutlass_nn.set_fused_wgrad_accumulation(1)
+    with pytest.raises(TypeError, match=r"cutlass_nn\.fused_wgrad_accumulation: argument 'enabled' must be a bool"):
+        with cutlass_nn.fused_wgrad_accumulation("yes"):
+            pass
+    with pytest.raises(RuntimeError, match=r"argument 'mode' must be -1 \(query\), 0 \(off\) or 1 \(on\), got 2"):
+        torch.ops.cutlass_nn._fused_wgrad_accumulation(2)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_micro_batches_match_the_unfused_gradients(bias):
+    batches = micro_batches()
+    plain = model(bias=bias)
+    fused = copy.deepcopy(plain)
+    want = accumulate(plain, batches)
+    with cutlass_nn.fused_wgrad_accumulation():
+        grads = {}
+        counts = op_counts(lambda: grads.update(accumulate(fused, batches)))
+    for name in want:
+        torch.testing.assert_close(grads[name], want[name], rtol=1e-12, atol=1e-12, msg=name)
+    # 2 layers: the first micro-batch forms new gradients, the next two accumulate in place
+    assert counts == (2, 4)
+    assert op_counts(lambda: accumulate(plain, batches)) == (6, 0)
+
+
+def test_accumulates_into_the_same_gradient_tensor_and_post_hooks_fire():
+    m = model()
+    (x, y), *rest = micro_batches()
+    F.mse_loss(m(x), y).backward()
+    weight = m[0].weight
+    grad = weight.grad
+    ptr = grad.data_ptr()
+    fired = []
+    weight.register_post_accumulate_grad_hook(lambda p: fired.append(p.grad.clone()))
+    with cutlass_nn.fused_wgrad_accumulation():
+        F.mse_loss(m(rest[0][0]), rest[0][1]).backward()
+    assert weight.grad is grad and grad.data_ptr() == ptr
+    assert len(fired) == 1 and torch.equal(fired[0], weight.grad)
+
+
+def test_zeroed_gradients_accumulate_from_zero():
+    batches = micro_batches(1)
+    plain, fused = model(), model()
+    for m in (plain, fused):
+        for p in m.parameters():
+            p.grad = torch.zeros_like(p)
+    want = accumulate(plain, batches)
+    with cutlass_nn.fused_wgrad_accumulation():
+        got = accumulate(fused, batches)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-12)
+
+
+def test_a_tensor_hook_on_the_weight_keeps_the_usual_path():
+    """A hook registered on the weight sees each micro-batch's own gradient, as without fusion."""
+    batches = micro_batches()
+    want = accumulate(model(), batches)
+    fused = model()
+    seen = []
+    fused[0].weight.register_hook(lambda g: seen.append(g.clone()))
+    with cutlass_nn.fused_wgrad_accumulation():
+        got = {}
+        counts = op_counts(lambda: got.update(accumulate(fused, batches)))
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-12)
+    assert len(seen) == 3
+    torch.testing.assert_close(sum(seen), got["0.weight"], rtol=1e-12, atol=1e-12)
+    assert counts == (4, 2)  # the hooked layer always forms new gradients; the other accumulates
+
+
+def test_create_graph_keeps_the_usual_path():
+    m = model()
+    (x, y), (x2, y2) = micro_batches(2)
+    F.mse_loss(m(x), y).backward()
+    with cutlass_nn.fused_wgrad_accumulation():
+        wgrad, acc = op_counts(lambda: F.mse_loss(m(x2), y2).backward(create_graph=True))
+    assert acc == 0 and wgrad >= 2
+    assert m[0].weight.grad.requires_grad  # a graph of the gradient was built
+
+
+def test_a_weight_used_twice_in_one_step():
+    """Tied uses: each use's backward adds its own product; the sum is the unfused one."""
+    torch.manual_seed(3)
+    layer = cutlass_nn.CutlassLinear(5, 5, dtype=torch.float64)
+    x = torch.randn(4, 5, dtype=torch.float64)
+
+    def run(fused):
+        layer.zero_grad(set_to_none=True)
+        with cutlass_nn.fused_wgrad_accumulation(fused):
+            for _ in range(2):
+                layer(layer(x)).square().sum().backward()
+        return layer.weight.grad.clone()
+
+    torch.testing.assert_close(run(True), run(False), rtol=1e-12, atol=1e-12)
+
+
+def test_low_precision_weights():
+    batches = micro_batches(dtype=torch.float32)
+    plain = model(dtype=torch.bfloat16)
+    fused = copy.deepcopy(plain)
+    bf = [(x.bfloat16(), y.bfloat16()) for x, y in batches]
+    want = accumulate(plain, bf)
+    with cutlass_nn.fused_wgrad_accumulation():
+        got = accumulate(fused, bf)
+    for name in want:
+        # the in-GEMM sum rounds once per micro-batch, like the unfused add
+        torch.testing.assert_close(got[name].float(), want[name].float(), rtol=2e-2, atol=2e-2)
+
+
+def test_ddp_no_sync_micro_batches_match_single_process(tmp_path):
+    import distributed_workers as W
+    from test_distributed import spawn_job
+
+    results = spawn_job(W.ddp_accumulate_worker, tmp_path, "cpu", 3)
+    for rank, r in enumerate(results):
+        # 3 layers: the first micro-batch forms new gradients, the other two (one under no_sync,
+        # one synchronized) accumulate in place
+        assert (r["new_wgrads"], r["accumulated_in_place"]) == (3, 6), rank
+        for name, g in r["reference"].items():
+            torch.testing.assert_close(r["grads"][name], g, rtol=1e-6, atol=1e-6, msg=f"rank {rank} {name}")
+
+
+def test_a_dispatch_mode_keeps_the_usual_path():
+    """Under a TorchDispatchMode (fake tensors, tracing, op counting) nothing is written behind
+    the mode's back: the weight gradient is returned to autograd as usual."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func._opname)
+            return func(*args, **(kwargs or {}))
+
+    batches = micro_batches(2)
+    plain, fused = model(), model()
+    want = accumulate(plain, batches)
+    mode = Names()
+    with cutlass_nn.fused_wgrad_accumulation(), mode:
+        got = accumulate(fused, batches)
+    assert "linear_wgrad_accumulate_" not in mode.names
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-12)
