@@ -320,3 +320,49 @@ def _ddp_accumulate_body(rank, world_size, device, micro):
 
 def ddp_accumulate_worker(rank, world_size, init_method, out_dir, device_type, micro):
     _run(_ddp_accumulate_body, rank, world_size, init_method, out_dir, device_type, micro)
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2 with gradient accumulation (micro-batches without gradient sync) and fused
+# weight-gradient accumulation
+# ---------------------------------------------------------------------------------------------
+
+
+def _fsdp2_accumulate_body(rank, world_size, device, micro):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    g = torch.Generator().manual_seed(DATA_SEED + 2)
+    x = torch.randn(world_size, micro, 3, IN_FEATURES, generator=g).to(device)
+    y = torch.randn(world_size, micro, 3, OUT_FEATURES, generator=g).to(device)
+
+    # The reference: one process, no FSDP, fused accumulation off, every rank's micro-batches
+    # accumulated and averaged over the ranks (FSDP2's reduce-scatter averages).
+    ref = build_model(device)
+    for r in range(world_size):
+        for i in range(micro):
+            F.mse_loss(ref(x[r, i]), y[r, i]).backward()
+    reference = _cpu_dict((n, p.grad / world_size) for n, p in ref.named_parameters())
+
+    mesh = init_device_mesh(torch.device(device).type, (world_size,))
+    model = build_model(device)
+    for layer in [m for m in model.modules() if type(m) is cutlass_nn.CutlassLinear]:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with cutlass_nn.fused_wgrad_accumulation(), torch.profiler.profile(activities=activities) as prof:
+        for i in range(micro):
+            # the earlier micro-batches keep unsharded gradients; the last one reduce-scatters
+            model.set_requires_gradient_sync(i == micro - 1)
+            F.mse_loss(model(x[rank, i]), y[rank, i]).backward()
+    names = [e.name for e in prof.events()]
+    return dict(
+        grads=_cpu_dict((n, p.grad.full_tensor()) for n, p in model.named_parameters()),
+        reference=reference,
+        accumulated_in_place=names.count("cutlass_nn::linear_wgrad_accumulate_"),
+        new_wgrads=names.count("cutlass_nn::linear_wgrad"),
+    )
+
+
+def fsdp2_accumulate_worker(rank, world_size, init_method, out_dir, device_type, micro):
+    _run(_fsdp2_accumulate_body, rank, world_size, init_method, out_dir, device_type, micro)

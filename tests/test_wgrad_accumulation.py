@@ -4,7 +4,8 @@ run, the later micro-batches' weight gradients are formed by linear_wgrad_accumu
 one, a hook on the weight, create_graph, a dispatch mode and tied uses take or keep the usual
 path correctly), post-accumulate-grad hooks still fire, the setting is process-wide and restored by
 the context manager, and DDP with no_sync micro-batches matches a single-process run (gloo,
-tests/distributed_workers.py)."""
+tests/distributed_workers.py), and so does FSDP2 with micro-batches without gradient sync; the
+gated MLP's down weight and its shared gate + up weight-gradient GEMM accumulate too."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def micro_batches(n=3, dtype=torch.float64):
 def accumulate(m, batches):
     for x, y in batches:
         F.mse_loss(m(x), y).backward()
-    return {n: p.grad.clone() for n, p in m.named_parameters()}
+    return {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
 
 def op_counts(fn):
@@ -179,6 +180,21 @@ def test_ddp_no_sync_micro_batches_match_single_process(tmp_path):
             torch.testing.assert_close(r["grads"][name], g, rtol=1e-6, atol=1e-6, msg=f"rank {rank} {name}")
 
 
+def test_fsdp2_micro_batches_without_sync_match_single_process(tmp_path):
+    pytest.importorskip("torch.distributed.fsdp", reason="needs FSDP2 (fully_shard)")
+    import distributed_workers as W
+    from test_distributed import spawn_job
+
+    results = spawn_job(W.fsdp2_accumulate_worker, tmp_path, "cpu", 3)
+    for rank, r in enumerate(results):
+        # FSDP2 runs each layer on its all-gathered (plain) parameter, whose unsharded gradient
+        # the micro-batches without sync keep: 3 layers form it in the first micro-batch and
+        # add into it in the other two (the last one reduce-scatters the sum)
+        assert (r["new_wgrads"], r["accumulated_in_place"]) == (3, 6), rank
+        for name, g in r["reference"].items():
+            torch.testing.assert_close(r["grads"][name], g, rtol=1e-6, atol=1e-6, msg=f"rank {rank} {name}")
+
+
 def test_a_dispatch_mode_keeps_the_usual_path():
     """Under a TorchDispatchMode (fake tensors, tracing, op counting) nothing is written behind
     the mode's back: the weight gradient is returned to autograd as usual."""
@@ -202,3 +218,79 @@ def test_a_dispatch_mode_keeps_the_usual_path():
     assert "linear_wgrad_accumulate_" not in mode.names
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-12)
+
+
+# ---- gated_mlp: down_proj's gradient and the shared gate + up weight-gradient GEMM ----------
+
+
+def gated(bias=False, seed=0):
+    torch.manual_seed(seed)
+    return cutlass_nn.GatedMLP(6, 10, activation="silu", bias=bias, dtype=torch.float64)
+
+
+def gated_batches(n=3):
+    gen = torch.Generator().manual_seed(11)
+    return [(torch.randn(5, 6, generator=gen, dtype=torch.float64),
+             torch.randn(5, 6, generator=gen, dtype=torch.float64)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_gated_mlp_micro_batches_match_the_unfused_gradients(bias):
+    batches = gated_batches()
+    plain = gated(bias)
+    fused = copy.deepcopy(plain)
+    want = accumulate(plain, batches)
+    with cutlass_nn.fused_wgrad_accumulation():
+        grads = {}
+        counts = op_counts(lambda: grads.update(accumulate(fused, batches)))
+    for name in want:
+        torch.testing.assert_close(grads[name], want[name], rtol=1e-12, atol=1e-12, msg=name)
+    # first micro-batch: down and gate+up form new gradients (gate's and up's are the halves of
+    # one buffer); the next two add into them: one GEMM for down, one for gate+up together
+    assert counts == (2, 4)
+    assert fused.up_proj.weight.grad.data_ptr() == (
+        fused.gate_proj.weight.grad.data_ptr() + fused.gate_proj.weight.grad.nbytes)
+
+
+def test_gated_mlp_separate_gradient_tensors_accumulate_per_weight():
+    batches = gated_batches(2)
+    plain, fused = gated(seed=1), gated(seed=1)
+    for m in (plain, fused):
+        gen = torch.Generator().manual_seed(4)
+        for p in m.parameters():
+            p.grad = torch.randn(p.shape, dtype=p.dtype, generator=gen)
+    want = accumulate(plain, batches)
+    with cutlass_nn.fused_wgrad_accumulation():
+        got = {}
+        counts = op_counts(lambda: got.update(accumulate(fused, batches)))
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-12, msg=name)
+    assert counts == (0, 6)  # down, gate, up: three accumulating GEMMs per micro-batch
+
+
+def test_gated_mlp_gate_without_up_gradient_keeps_the_usual_path_for_both():
+    batches = gated_batches(1)
+    plain, fused = gated(seed=2), gated(seed=2)
+    for m in (plain, fused):
+        m.gate_proj.weight.grad = torch.ones_like(m.gate_proj.weight)
+        m.down_proj.weight.grad = torch.ones_like(m.down_proj.weight)
+    want = accumulate(plain, batches)
+    with cutlass_nn.fused_wgrad_accumulation():
+        got = {}
+        counts = op_counts(lambda: got.update(accumulate(fused, batches)))
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-12, msg=name)
+    assert counts == (1, 1)  # gate+up: a new [2n, in] gradient; down: accumulated
+
+
+def test_gated_mlp_frozen_up_weight_keeps_the_usual_path():
+    batches = gated_batches(2)
+    plain, fused = gated(seed=3), gated(seed=3)
+    for m in (plain, fused):
+        m.up_proj.weight.requires_grad_(False)
+    want = accumulate(plain, batches)
+    with cutlass_nn.fused_wgrad_accumulation():
+        got = accumulate(fused, batches)
+    assert fused.up_proj.weight.grad is None
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-12, msg=name)

@@ -43,6 +43,9 @@
 //                             [Wg; Wu]); [dWg; dWu] = linear_wgrad(dGU, X) and [dbg; dbu] =
 //                             bias_grad(dGU), split by rows. Under create_graph GU is recomputed
 //                             with the differentiable linear and the ATen gated backward.
+//                             (with fused weight-gradient accumulation on and the .grad
+//                             tensors present: dWd, and dWg / dWu together, are added into
+//                             them; see accumulate_gate_up_wgrad_in_place)
 //
 // The operators without an autograd formula (linear_wgrad_accumulate_, mm.out,
 // rms_norm_backward, rotary_embedding_backward) keep torch's default for custom operators.
@@ -92,33 +95,67 @@ at::Tensor undefined() { return at::Tensor(); }
 
 std::atomic<bool> g_fused_wgrad_accumulation{false};
 
-// Whether weight.grad can take dW = grad_z^T X by an in-place GEMM (fused weight-gradient
-// accumulation): the switch is on; no graph of the gradient is being built (create_graph);
-// the weight is a plain leaf whose .grad already exists (a later micro-batch: the first one
-// hands autograd a new tensor, as usual) with the weight's shape, dtype and device, contiguous;
-// and nothing would see the gradient before it is accumulated (no tensor hooks, no retain_grad
-// on the weight). Autograd then receives no gradient for the weight: its AccumulateGrad node
-// still runs and fires its post hooks (DDP's reducer, register_post_accumulate_grad_hook), which
-// find the accumulated .grad.
-bool accumulate_wgrad_in_place(const at::Tensor& grad_z, const at::Tensor& input,
-                               const at::Tensor& weight) {
+// Fused weight-gradient accumulation: weight.grad can take dW = grad_z^T X by an in-place
+// GEMM when the switch is on; no graph of the gradient is being built (create_graph); the
+// weight is a plain leaf whose .grad already exists (a later micro-batch: the first one hands
+// autograd a new tensor, as usual) with the weight's shape, dtype and device, contiguous; and
+// nothing would see the gradient before it is accumulated (no tensor hooks, no retain_grad on
+// the weight). Autograd then receives no gradient for the weight: its AccumulateGrad node still
+// runs and fires its post hooks (DDP's reducer, register_post_accumulate_grad_hook), which find
+// the accumulated .grad. Returns that .grad when all of this holds, else an undefined tensor.
+at::Tensor grad_to_accumulate_into(const at::Tensor& weight) {
   if (!g_fused_wgrad_accumulation.load(std::memory_order_relaxed) || at::GradMode::is_enabled() ||
       !weight.is_leaf() || !weight.requires_grad() || at::isTensorSubclassLike(weight)) {
-    return false;
+    return at::Tensor();
   }
   const at::Tensor& grad = weight.grad();
   if (!grad.defined() || at::isTensorSubclassLike(grad) || grad.sizes() != weight.sizes() ||
       grad.scalar_type() != weight.scalar_type() || grad.device() != weight.device() ||
       !grad.is_contiguous() || grad.requires_grad()) {
-    return false;
+    return at::Tensor();
   }
-  if (!torch::autograd::impl::hooks(weight).empty()) return false;
+  if (!torch::autograd::impl::hooks(weight).empty()) return at::Tensor();
   const auto acc = torch::autograd::impl::try_get_grad_accumulator(weight);
   if (acc == nullptr || !acc->pre_hooks().empty() || !acc->tensor_pre_hooks().empty() ||
       !acc->retains_grad_hooks().empty()) {
-    return false;
+    return at::Tensor();
   }
+  return grad;
+}
+
+bool accumulate_wgrad_in_place(const at::Tensor& grad_z, const at::Tensor& input,
+                               const at::Tensor& weight) {
+  const at::Tensor grad = grad_to_accumulate_into(weight);
+  if (!grad.defined()) return false;
   cutlass_nn::linear_wgrad_accumulate_(grad, grad_z, input);
+  return true;
+}
+
+// The gate and up weights of gated_mlp share one weight-gradient GEMM, dW_gu = dGU^T X with
+// dGU = [dG, dU] of shape [*, 2n]. With both .grad tensors open to in-place accumulation: one
+// accumulating GEMM when up's gradient directly follows gate's in one storage (what autograd
+// leaves after a first micro-batch, whose gradients are the two halves of one [2n, in] result),
+// else one per weight on its half of dGU's columns.
+bool accumulate_gate_up_wgrad_in_place(const at::Tensor& grad_gate_up, const at::Tensor& input,
+                                       const at::Tensor& gate_weight,
+                                       const at::Tensor& up_weight) {
+  const at::Tensor gate_grad = grad_to_accumulate_into(gate_weight);
+  if (!gate_grad.defined()) return false;
+  const at::Tensor up_grad = grad_to_accumulate_into(up_weight);
+  if (!up_grad.defined()) return false;
+  const int64_t n = gate_grad.size(0);
+  const bool adjacent =
+      gate_grad.numel() > 0 && up_grad.sizes() == gate_grad.sizes() &&
+      up_grad.storage().is_alias_of(gate_grad.storage()) &&
+      up_grad.storage_offset() == gate_grad.storage_offset() + gate_grad.numel();
+  if (adjacent) {
+    const at::Tensor both =
+        gate_grad.as_strided({2 * n, gate_grad.size(1)}, {gate_grad.size(1), 1});
+    cutlass_nn::linear_wgrad_accumulate_(both, grad_gate_up, input);
+  } else {
+    cutlass_nn::linear_wgrad_accumulate_(gate_grad, grad_gate_up.narrow(-1, 0, n), input);
+    cutlass_nn::linear_wgrad_accumulate_(up_grad, grad_gate_up.narrow(-1, n, n), input);
+  }
   return true;
 }
 
@@ -613,14 +650,19 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
     } else {
       hidden = cutlass_nn::gated_act(gate_up, activation);
     }
-    if (need(3)) grads[3] = cutlass_nn::linear_wgrad(grad_out, hidden);
+    if (need(3) && !accumulate_wgrad_in_place(grad_out, hidden, down_weight)) {
+      grads[3] = cutlass_nn::linear_wgrad(grad_out, hidden);
+    }
     hidden.reset();  // no longer needed: free it before the gate+up GEMMs allocate theirs
     if (has_down_bias && need(6)) grads[6] = cutlass_nn::bias_grad(grad_out);
     if (!need_gate_up_side) return grads;
 
     const int64_t n = saved[1].size(0);
     if (need(0)) grads[0] = cutlass_nn::linear_dgrad(grad_gate_up, gate_up_weight_now());
-    if (need(1) || need(2)) {
+    const bool accumulated = need(1) && need(2) &&
+                             accumulate_gate_up_wgrad_in_place(grad_gate_up, input, saved[1],
+                                                               saved[2]);
+    if ((need(1) || need(2)) && !accumulated) {
       const at::Tensor grad_weight = cutlass_nn::linear_wgrad(grad_gate_up, input);
       if (need(1)) grads[1] = grad_weight.narrow(0, 0, n);
       if (need(2)) grads[2] = grad_weight.narrow(0, n, n);
