@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "autograd/main_grad_registry.h"
 #include "autograd/wgrad_accumulation.h"
 
 #ifdef CUTLASS_NN_WITH_CUDA
@@ -158,6 +159,22 @@ static bool fused_wgrad_accumulation_mode(int64_t mode) {
   return set_fused_wgrad_accumulation_flag(mode == 1);
 }
 
+// The main-gradient registry (csrc/autograd/main_grad_registry.h) behind
+// cutlass_nn.attach_main_grads / detach_main_grads.
+static void set_main_grad_op(const at::Tensor& weight, const std::optional<at::Tensor>& buffer) {
+  if (buffer.has_value() && buffer->defined()) {
+    TORCH_CHECK(buffer->sizes() == weight.sizes(),
+                "cutlass_nn._set_main_grad: argument 'buffer' must have the weight's shape");
+  }
+  set_main_grad(weight, buffer.has_value() ? *buffer : at::Tensor());
+}
+
+static std::optional<at::Tensor> main_grad_op(const at::Tensor& weight) {
+  at::Tensor buffer = main_grad_of(weight);
+  if (!buffer.defined()) return std::nullopt;
+  return buffer;
+}
+
 static int64_t autotune_clear() {
 #ifdef CUTLASS_NN_WITH_CUDA
   return cuda::clear_autotune_entries();
@@ -289,6 +306,8 @@ TORCH_LIBRARY(cutlass_nn, m) {
   m.def("_autotune_add_entries(int[] ints, float[] floats) -> ()", &autotune_add_entries);
   m.def("_autotune_clear() -> int", &autotune_clear);
   m.def("_fused_wgrad_accumulation(int mode) -> bool", &fused_wgrad_accumulation_mode);
+  m.def("_set_main_grad(Tensor weight, Tensor? buffer) -> ()", &set_main_grad_op);
+  m.def("_main_grad(Tensor weight) -> Tensor?", &main_grad_op);
 }
 
 }  // namespace cutlass_nn

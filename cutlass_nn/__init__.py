@@ -20,6 +20,8 @@ Public API:
 * :mod:`cutlass_nn.autotune` -- opt-in per-shape tuning of the GEMM kernel configuration.
 * :func:`fused_wgrad_accumulation` / :func:`set_fused_wgrad_accumulation` -- opt-in: linear
   layers' weight-gradient GEMMs add into an existing ``.grad`` (gradient accumulation).
+* :func:`attach_main_grads` / :func:`detach_main_grads` -- float32 main-gradient buffers
+  (``p.main_grad``) that the weight-gradient GEMMs add into directly.
 """
 
 from cutlass_nn._version import __version__
@@ -46,6 +48,8 @@ from cutlass_nn.modules import (
 from cutlass_nn.convert import convert
 from cutlass_nn.fused_head import fuse_lm_head
 from cutlass_nn.grad_accumulation import (
+    attach_main_grads,
+    detach_main_grads,
     fused_wgrad_accumulation,
     fused_wgrad_accumulation_enabled,
     set_fused_wgrad_accumulation,
@@ -62,9 +66,11 @@ __all__ = [
     "RMSNorm",
     "add2",
     "add_rms_norm",
+    "attach_main_grads",
     "autotune",
     "build_info",
     "convert",
+    "detach_main_grads",
     "functional",
     "fuse_lm_head",
     "fused_wgrad_accumulation",

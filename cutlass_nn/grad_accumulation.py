@@ -13,6 +13,15 @@ after ``zero_grad(set_to_none=True)`` takes the usual path), with the weight's s
 device; not while building a graph of the gradient (``create_graph``), and not when something
 would observe the weight's gradient before accumulation (a tensor hook or ``retain_grad`` on the
 weight): those cases take the usual path, so results never change, only where the sum is formed.
+
+Main-gradient buffers (:func:`attach_main_grads`): every trainable parameter gets a
+``p.main_grad`` buffer (float32 for 16-bit and float32 parameters) that its gradients accumulate
+into instead of ``p.grad``, which stays ``None``. The weight-gradient GEMMs of ``linear``,
+``linear_act`` and ``gated_mlp`` add into it directly (beta = 1, float32 accumulators added to the
+float32 buffer: one rounding fewer per micro-batch than 16-bit ``.grad`` accumulation, and no
+16-bit gradient at all), from the first micro-batch on, whether or not the switch above is on;
+every other gradient (biases, norms, embeddings, the usual-path cases) is formed as usual and
+folded into the buffer by a post-accumulate-grad hook.
 The weight's ``AccumulateGrad`` node still runs and fires its post hooks, so DDP (including
 ``no_sync`` micro-batches and ``gradient_as_bucket_view``) and ``register_post_accumulate_grad_hook``
 see the accumulated gradient. Under ``torch.compile`` the compiled backward takes the usual path.
@@ -24,10 +33,13 @@ import contextlib
 from typing import Iterator
 
 import torch
+from torch import nn
 
 from cutlass_nn import _extension  # noqa: F401  (loads the operators)
 
 __all__ = [
+    "attach_main_grads",
+    "detach_main_grads",
     "fused_wgrad_accumulation",
     "fused_wgrad_accumulation_enabled",
     "set_fused_wgrad_accumulation",
@@ -63,3 +75,103 @@ def fused_wgrad_accumulation(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         set_fused_wgrad_accumulation(previous)
+
+
+_HOOK_ATTR = "_cutlass_nn_main_grad_hook"
+
+
+def _main_grad_dtype(p: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(p.dtype, torch.float32)
+
+
+def _fold_into_main_grad(p: torch.Tensor) -> None:
+    """Post-accumulate-grad hook: a gradient that autograd formed as usual goes into the
+    parameter's main-gradient buffer (the fused GEMMs have already written theirs there)."""
+    grad = p.grad
+    if grad is None:
+        return
+    buffer = torch.ops.cutlass_nn._main_grad(p)
+    if buffer is None or getattr(p, "main_grad", None) is not buffer:
+        raise RuntimeError(
+            "cutlass_nn.attach_main_grads: a parameter's 'main_grad' was replaced or deleted "
+            "after attach_main_grads; change main-gradient buffers only with "
+            "cutlass_nn.detach_main_grads / attach_main_grads"
+        )
+    buffer.add_(grad.detach())
+    p.grad = None
+
+
+def _attach(p: nn.Parameter, buffer: torch.Tensor) -> None:
+    torch.ops.cutlass_nn._set_main_grad(p, buffer)
+    p.main_grad = buffer
+    setattr(p, _HOOK_ATTR, p.register_post_accumulate_grad_hook(_fold_into_main_grad))
+
+
+def attach_main_grads(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Give every trainable parameter of ``module`` a main-gradient buffer ``p.main_grad``
+    (zeros; float32 for float16 / bfloat16 / float32 parameters, the parameter's dtype
+    otherwise) that its gradients accumulate into; ``p.grad`` stays ``None``.
+
+    The weight-gradient GEMMs of :class:`CutlassLinear` / ``functional.linear`` (with or
+    without an activation) and of :class:`GatedMLP` add into the buffer directly (a GatedMLP's
+    gate and up buffers are the two halves of one ``[2n, in]`` buffer, so that one GEMM serves
+    both), under the same conditions as fused accumulation (no ``create_graph``, no tensor hook
+    on the weight, no dispatch mode, eager backward); every other gradient is formed as usual
+    and added into the buffer by a post-accumulate-grad hook, so the buffers always hold the
+    sum of all backward passes since they were zeroed. Zero them yourself between steps
+    (``p.main_grad.zero_()``), and step an optimizer on them (for example over float32 master
+    copies of the parameters, or after ``p.grad = p.main_grad.to(p.dtype)``).
+
+    Parameters that already have a buffer keep it (calling this twice is harmless). DDP and
+    FSDP reduce ``.grad``, which stays ``None``: reduce the buffers yourself. Returns the
+    buffers by parameter name. Undo with :func:`detach_main_grads`.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            "cutlass_nn.attach_main_grads: argument 'module' must be a torch.nn.Module, got "
+            f"{type(module).__qualname__}"
+        )
+    from cutlass_nn.modules import GatedMLP
+
+    done: set[int] = set()
+    for sub in module.modules():
+        if not isinstance(sub, GatedMLP):
+            continue
+        gate, up = sub.gate_proj.weight, sub.up_proj.weight
+        if (gate.requires_grad and up.requires_grad and gate.shape == up.shape
+                and gate.dtype == up.dtype and gate.device == up.device
+                and not hasattr(gate, _HOOK_ATTR) and not hasattr(up, _HOOK_ATTR)):
+            both = torch.zeros((2 * gate.shape[0],) + tuple(gate.shape[1:]),
+                               dtype=_main_grad_dtype(gate), device=gate.device)
+            _attach(gate, both[: gate.shape[0]])
+            _attach(up, both[gate.shape[0]:])
+            done.update((id(gate), id(up)))
+    buffers = {}
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) not in done and not hasattr(p, _HOOK_ATTR):
+            _attach(p, torch.zeros(p.shape, dtype=_main_grad_dtype(p), device=p.device))
+            done.add(id(p))
+        buffers[name] = p.main_grad
+    return buffers
+
+
+def detach_main_grads(module: nn.Module) -> None:
+    """Undo :func:`attach_main_grads` for ``module``'s parameters: gradients go to ``.grad``
+    again, and the ``main_grad`` attributes and hooks are removed (the buffers themselves are
+    left to whoever still holds them)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            "cutlass_nn.detach_main_grads: argument 'module' must be a torch.nn.Module, got "
+            f"{type(module).__qualname__}"
+        )
+    for p in module.parameters():
+        handle = getattr(p, _HOOK_ATTR, None)
+        if handle is None:
+            continue
+        handle.remove()
+        delattr(p, _HOOK_ATTR)
+        torch.ops.cutlass_nn._set_main_grad(p, None)
+        if hasattr(p, "main_grad"):
+            del p.main_grad

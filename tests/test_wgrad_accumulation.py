@@ -294,3 +294,129 @@ def test_gated_mlp_frozen_up_weight_keeps_the_usual_path():
     assert fused.up_proj.weight.grad is None
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-12, msg=name)
+
+
+# ---- main-gradient buffers (cutlass_nn.attach_main_grads) -----------------------------------
+
+
+def mixed_model(dtype=torch.bfloat16, seed=0):
+    """CutlassLinear (fused main-gradient GEMMs), a GatedMLP (one GEMM for gate + up) and a
+    LayerNorm (its gradients go through the fold hook)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        cutlass_nn.CutlassLinear(6, 8, dtype=dtype), nn.LayerNorm(8, dtype=dtype),
+        cutlass_nn.GatedMLP(8, 12, dtype=dtype), cutlass_nn.CutlassLinear(8, 3, bias=False, dtype=dtype),
+    )
+
+
+def reference_grads(m, batches):
+    """float64 copy, torch's formulas, summed over the micro-batches."""
+    ref = copy.deepcopy(m).double()
+    for x, y in batches:
+        F.mse_loss(ref(x.double()), y.double()).backward()
+    return {n: p.grad for n, p in ref.named_parameters()}
+
+
+def test_main_grads_collect_every_gradient_with_fused_gemms():
+    batches = [(x.bfloat16(), y.bfloat16()) for x, y in micro_batches(3)]
+    m = mixed_model()
+    want = reference_grads(m, batches)
+    plain = copy.deepcopy(m)
+    unfused = accumulate(plain, batches)
+    buffers = cutlass_nn.attach_main_grads(m)
+    assert set(buffers) == set(want) and all(b.dtype == torch.float32 for b in buffers.values())
+    gate, up = m[2].gate_proj.weight.main_grad, m[2].up_proj.weight.main_grad
+    assert up.data_ptr() == gate.data_ptr() + gate.nbytes  # one [2n, in] buffer
+    counts = op_counts(lambda: accumulate_main(m, batches))
+    # every micro-batch: first and last linear, GatedMLP down and gate+up -> 4 fused GEMMs
+    assert counts == (0, 12)
+    for name, p in m.named_parameters():
+        assert p.grad is None, name
+        err = (p.main_grad.double() - want[name]).abs().max()
+        err_unfused = (unfused[name].double() - want[name]).abs().max()
+        assert err <= 2 * err_unfused + 1e-3 * want[name].abs().max(), (name, err, err_unfused)
+        torch.testing.assert_close(p.main_grad.double(), want[name], rtol=1e-2, atol=1e-3, msg=name)
+
+
+def accumulate_main(m, batches):
+    for x, y in batches:
+        F.mse_loss(m(x), y).backward()
+
+
+def test_main_grads_in_float64_match_the_unfused_gradients():
+    batches = micro_batches(2)
+    m = mixed_model(torch.float64, seed=1)
+    plain = copy.deepcopy(m)
+    want = accumulate(plain, batches)
+    cutlass_nn.attach_main_grads(m)
+    accumulate_main(m, batches)
+    for name, p in m.named_parameters():
+        assert p.main_grad.dtype == torch.float64 and p.grad is None
+        torch.testing.assert_close(p.main_grad, want[name], rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_main_grads_usual_path_cases_are_folded():
+    """create_graph, a tensor hook on a weight and a frozen parameter: the usual path forms the
+    gradient and the hook folds it into the buffer."""
+    batches = micro_batches(2)
+    m = mixed_model(torch.float64, seed=2)
+    m[0].bias.requires_grad_(False)
+    plain = copy.deepcopy(m)
+    want = accumulate(plain, batches)
+    buffers = cutlass_nn.attach_main_grads(m)
+    assert "0.bias" not in buffers and not hasattr(m[0].bias, "main_grad")
+    seen = []
+    m[3].weight.register_hook(lambda g: seen.append(g))
+    (x, y), (x2, y2) = batches
+    F.mse_loss(m(x), y).backward(create_graph=True)
+    F.mse_loss(m(x2), y2).backward()
+    assert len(seen) == 2
+    for name, p in m.named_parameters():
+        if name == "0.bias":
+            continue
+        assert p.grad is None
+        torch.testing.assert_close(p.main_grad, want[name], rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_main_grads_under_torch_compile_are_folded():
+    batches = micro_batches(2)
+    m = mixed_model(torch.float64, seed=3)
+    want = accumulate(copy.deepcopy(m), batches)
+    cutlass_nn.attach_main_grads(m)
+    compiled = torch.compile(m, backend="aot_eager", fullgraph=True)
+    for x, y in batches:
+        F.mse_loss(compiled(x), y).backward()
+    for name, p in m.named_parameters():
+        torch.testing.assert_close(p.main_grad, want[name], rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_detach_main_grads_restores_grad():
+    m = mixed_model(torch.float64, seed=4)
+    first = cutlass_nn.attach_main_grads(m)
+    assert cutlass_nn.attach_main_grads(m)["0.weight"] is first["0.weight"]  # idempotent
+    cutlass_nn.detach_main_grads(m)
+    for p in m.parameters():
+        assert not hasattr(p, "main_grad") and torch.ops.cutlass_nn._main_grad(p) is None
+    batches = micro_batches(1)
+    want = accumulate(copy.deepcopy(m), batches)
+    got = accumulate(m, batches)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-12)
+
+
+def test_a_replaced_main_grad_is_an_error():
+    m = mixed_model(torch.float64, seed=5)
+    cutlass_nn.attach_main_grads(m)
+    m[1].weight.main_grad = torch.zeros(8, dtype=torch.float64)
+    (x, y), = micro_batches(1)
+    with pytest.raises(RuntimeError, match=r"cutlass_nn\.attach_main_grads: a parameter's 'main_grad' was replaced"):
+        F.mse_loss(m(x), y).backward()
+
+
+def test_main_grad_arguments_are_checked():
+    with pytest.raises(TypeError, match=r"cutlass_nn\.attach_main_grads: argument 'module' must be a torch\.nn\.Module, got Tensor"):
+        cutlass_nn.attach_main_grads(torch.zeros(2))
+    with pytest.raises(TypeError, match=r"cutlass_nn\.detach_main_grads: argument 'module'"):
+        cutlass_nn.detach_main_grads([])
+    with pytest.raises(RuntimeError, match=r"cutlass_nn\._set_main_grad: argument 'buffer' must have the weight's shape"):
+        torch.ops.cutlass_nn._set_main_grad(torch.zeros(2, 3), torch.zeros(3, 2))

@@ -70,6 +70,7 @@
 #include "../op_checks.h"
 #include "../rms_norm_aten.h"
 #include "../rotary_aten.h"
+#include "main_grad_registry.h"
 #include "wgrad_accumulation.h"
 
 namespace cutlass_nn {
@@ -95,23 +96,37 @@ at::Tensor undefined() { return at::Tensor(); }
 
 std::atomic<bool> g_fused_wgrad_accumulation{false};
 
-// Fused weight-gradient accumulation: weight.grad can take dW = grad_z^T X by an in-place
-// GEMM when the switch is on; no graph of the gradient is being built (create_graph); the
-// weight is a plain leaf whose .grad already exists (a later micro-batch: the first one hands
-// autograd a new tensor, as usual) with the weight's shape, dtype and device, contiguous; and
+// Whether a buffer can take dW = grad_z^T X of `weight` by an in-place GEMM, and which one:
+// the weight's registered main-gradient buffer (cutlass_nn.attach_main_grads), else, with fused
+// weight-gradient accumulation on, its existing .grad (a later micro-batch: the first one hands
+// autograd a new tensor, as usual). Only when no graph of the gradient is being built
+// (create_graph), the weight is a plain leaf, the buffer has the weight's shape and device, is
+// contiguous, with the weight's dtype (or float32 for a 16-bit weight's main gradient), and
 // nothing would see the gradient before it is accumulated (no tensor hooks, no retain_grad on
 // the weight). Autograd then receives no gradient for the weight: its AccumulateGrad node still
 // runs and fires its post hooks (DDP's reducer, register_post_accumulate_grad_hook), which find
-// the accumulated .grad. Returns that .grad when all of this holds, else an undefined tensor.
+// the accumulated .grad. Returns the buffer when all of this holds, else an undefined tensor.
 at::Tensor grad_to_accumulate_into(const at::Tensor& weight) {
-  if (!g_fused_wgrad_accumulation.load(std::memory_order_relaxed) || at::GradMode::is_enabled() ||
-      !weight.is_leaf() || !weight.requires_grad() || at::isTensorSubclassLike(weight)) {
+  const bool fused_switch = g_fused_wgrad_accumulation.load(std::memory_order_relaxed);
+  const bool main_grads = any_main_grads();
+  if ((!fused_switch && !main_grads) || at::GradMode::is_enabled() || !weight.is_leaf() ||
+      !weight.requires_grad() || at::isTensorSubclassLike(weight)) {
     return at::Tensor();
   }
-  const at::Tensor& grad = weight.grad();
-  if (!grad.defined() || at::isTensorSubclassLike(grad) || grad.sizes() != weight.sizes() ||
-      grad.scalar_type() != weight.scalar_type() || grad.device() != weight.device() ||
-      !grad.is_contiguous() || grad.requires_grad()) {
+  at::Tensor buffer = main_grads ? main_grad_of(weight) : at::Tensor();
+  const bool is_main = buffer.defined();
+  if (!is_main) {
+    if (!fused_switch) return at::Tensor();
+    buffer = weight.grad();
+  }
+  const auto w_dtype = weight.scalar_type();
+  const bool dtype_ok =
+      buffer.defined() &&
+      (buffer.scalar_type() == w_dtype ||
+       (is_main && buffer.scalar_type() == c10::kFloat &&
+        (w_dtype == c10::kHalf || w_dtype == c10::kBFloat16)));
+  if (!dtype_ok || at::isTensorSubclassLike(buffer) || buffer.sizes() != weight.sizes() ||
+      buffer.device() != weight.device() || !buffer.is_contiguous() || buffer.requires_grad()) {
     return at::Tensor();
   }
   if (!torch::autograd::impl::hooks(weight).empty()) return at::Tensor();
@@ -120,7 +135,7 @@ at::Tensor grad_to_accumulate_into(const at::Tensor& weight) {
       !acc->retains_grad_hooks().empty()) {
     return at::Tensor();
   }
-  return grad;
+  return buffer;
 }
 
 bool accumulate_wgrad_in_place(const at::Tensor& grad_z, const at::Tensor& input,
@@ -146,6 +161,7 @@ bool accumulate_gate_up_wgrad_in_place(const at::Tensor& grad_gate_up, const at:
   const int64_t n = gate_grad.size(0);
   const bool adjacent =
       gate_grad.numel() > 0 && up_grad.sizes() == gate_grad.sizes() &&
+      up_grad.scalar_type() == gate_grad.scalar_type() &&
       up_grad.storage().is_alias_of(gate_grad.storage()) &&
       up_grad.storage_offset() == gate_grad.storage_offset() + gate_grad.numel();
   if (adjacent) {

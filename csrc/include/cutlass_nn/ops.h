@@ -256,6 +256,18 @@ inline bool set_fused_wgrad_accumulation(bool enable) {
   return op.call(enable ? 1 : 0);
 }
 
+// Main-gradient buffer of a weight (what cutlass_nn.attach_main_grads registers): the backward of
+// linear / linear_act / gated_mlp adds the weight's gradient into `buffer` (float32, or the
+// weight's dtype) and hands autograd none; an undefined buffer removes the registration. Only the
+// fused GEMMs write it: gradients that take the usual path still go to weight.grad (the Python
+// API adds a hook that folds them in).
+inline void set_main_grad(const at::Tensor& weight, const at::Tensor& buffer) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cutlass_nn::_set_main_grad", "")
+                             .typed<void(const at::Tensor&, const std::optional<at::Tensor>&)>();
+  op.call(weight, buffer.defined() ? std::optional<at::Tensor>(buffer) : std::nullopt);
+}
+
 // True when the operators are registered, i.e. libcutlass_nn_ops.so is loaded.
 inline bool is_loaded() {
   return c10::Dispatcher::singleton().findSchema({"cutlass_nn::linear", ""}).has_value();

@@ -1,0 +1,22 @@
+// Main-gradient buffers (cutlass_nn.attach_main_grads): a weight registered here with a buffer
+// (float32, or the weight's own dtype) has its weight gradient added into that buffer by the
+// backward of linear / linear_act / gated_mlp, in the GEMM itself (beta = 1), and autograd
+// receives no gradient for it (csrc/autograd/autograd_kernels.cpp, grad_to_accumulate_into).
+// The registry holds the weight weakly (an entry never keeps a parameter alive) and the buffer
+// strongly; entries whose weight has died are dropped on the next registration.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace cutlass_nn {
+
+// Registers `buffer` as the main gradient of `weight`; an undefined buffer removes the entry.
+void set_main_grad(const at::Tensor& weight, const at::Tensor& buffer);
+
+// The buffer registered for `weight`, or an undefined tensor.
+at::Tensor main_grad_of(const at::Tensor& weight);
+
+// Whether any weight is registered (a lock-free check for the backward's fast path).
+bool any_main_grads();
+
+}  // namespace cutlass_nn
