@@ -6,11 +6,14 @@ accumulation on vs off (GPU machine).
         [--out DIR]
 
 Three sides from the same seeded model of ``python -m cutlass_nn.bench --what models``:
-``stock`` (nn.Linear), ``unfused`` (converted, fused accumulation off) and ``fused`` (converted,
-inside ``cutlass_nn.fused_wgrad_accumulation()``). A step runs ``--micro-batches`` forward +
+``stock`` (nn.Linear), ``unfused`` (converted, fused accumulation off), ``fused`` (converted,
+inside ``cutlass_nn.fused_wgrad_accumulation()``) and ``main_grad`` (converted, with
+``cutlass_nn.attach_main_grads``: float32 buffers, rounded into ``.grad`` and zeroed before each
+optimizer step). A step runs ``--micro-batches`` forward +
 backward passes (loss divided by their number, no ``zero_grad`` in between), then fused AdamW and
 ``zero_grad(set_to_none=True)``. Reported per side: median step time over ``--steps`` timed steps
-(CUDA events around each step, after two warm-up steps), peak memory of a step, how many
+(CUDA events around each step, after two warm-up steps), peak memory of a step above what
+stays allocated between steps (``resident_bytes``: weights, optimizer state, main gradients), how many
 ``linear_wgrad`` / ``linear_wgrad_accumulate_`` calls one step made (the proof that the fused
 path engaged), and the accumulated gradients of the first step compared with the unfused side
 (max |diff| / max |ref| per parameter, the largest over the model). Eager mode only: a compiled
@@ -34,7 +37,7 @@ import cutlass_nn
 from cutlass_nn.bench import models as bench_models
 from cutlass_nn.bench.cli import collect_meta
 
-SIDES = ("stock", "unfused", "fused")
+SIDES = ("stock", "unfused", "fused", "main_grad")
 
 
 def build(side: str, args, size) -> torch.nn.Module:
@@ -70,20 +73,33 @@ def grad_difference(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]
     return worst, where
 
 
+def optimizer_step(model, opt, main_grads: bool) -> None:
+    if main_grads:  # the float32 sums, rounded once into the 16-bit .grad the optimizer reads
+        for p in model.parameters():
+            if hasattr(p, "main_grad"):
+                p.grad = p.main_grad.to(p.dtype)
+                p.main_grad.zero_()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def run_side(side: str, args, size, batches, ref_grads):
     model = build(side, args, size)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    main_grads = side == "main_grad"
+    if main_grads:
+        cutlass_nn.attach_main_grads(model)
     context = cutlass_nn.fused_wgrad_accumulation(side == "fused")
     with context:
         # First step from the seeded weights: its accumulated gradients are the comparison.
         calls = wgrad_calls(model, batches)
-        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        grads = {n: (p.main_grad if main_grads else p.grad).detach().clone()
+                 for n, p in model.named_parameters()
+                 if (p.main_grad if main_grads else p.grad) is not None}
+        optimizer_step(model, opt, main_grads)
         for _ in range(2):
             accumulate(model, batches)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            optimizer_step(model, opt, main_grads)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -92,15 +108,14 @@ def run_side(side: str, args, size, batches, ref_grads):
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             accumulate(model, batches)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            optimizer_step(model, opt, main_grads)
             stop.record()
             stop.synchronize()
             times.append(start.elapsed_time(stop))
         peak = torch.cuda.max_memory_allocated() - base
     row = {"side": side, "step_ms": statistics.median(times), "step_ms_all": times,
-           "peak_step_bytes": peak, **calls}
-    if side == "fused":
+           "peak_step_bytes": peak, "resident_bytes": base, **calls}
+    if side in ("fused", "main_grad"):
         missing = sorted(set(ref_grads) ^ set(grads))
         if missing:
             raise RuntimeError(f"fused and unfused sides have different gradients: {missing[:4]}")
@@ -137,12 +152,13 @@ def main() -> None:
     print(f"{args.family}-{args.size}, {args.micro_batches} micro-batches of {size.batch}x{size.seq} "
           f"tokens, eager, bf16, fusions: norm={args.fuse_norm} mlp={args.fuse_mlp} "
           f"head={args.fuse_head} rope={args.fuse_rope}")
-    print(f"{'side':8} {'step ms':>9} {'vs stock':>9} {'tokens/s':>11} {'peak MiB':>9} "
+    print(f"{'side':9} {'step ms':>9} {'vs stock':>9} {'tokens/s':>11} {'resident MiB':>13} {'peak MiB':>9} "
           f"{'wgrad':>6} {'wgrad+=':>8} {'grad diff':>10}")
     for r in rows:
         diff = r.get("max_rel_grad_diff_vs_unfused")
-        print(f"{r['side']:8} {r['step_ms']:9.2f} {stock / r['step_ms']:8.3f}x "
-              f"{tokens / r['step_ms'] * 1e3:11.0f} {r['peak_step_bytes'] / 2**20:9.0f} "
+        print(f"{r['side']:9} {r['step_ms']:9.2f} {stock / r['step_ms']:8.3f}x "
+              f"{tokens / r['step_ms'] * 1e3:11.0f} {r['resident_bytes'] / 2**20:13.0f} "
+              f"{r['peak_step_bytes'] / 2**20:9.0f} "
               f"{r['linear_wgrad']:6d} {r['linear_wgrad_accumulate_']:8d} "
               f"{'' if diff is None else format(diff, '.2e'):>10}")
     if args.out is not None:
