@@ -13,7 +13,8 @@ optimizer step). A step runs ``--micro-batches`` forward +
 backward passes (loss divided by their number, no ``zero_grad`` in between), then fused AdamW and
 ``zero_grad(set_to_none=True)``. Reported per side: median step time over ``--steps`` timed steps
 (CUDA events around each step, after two warm-up steps), peak memory of a step above what
-stays allocated between steps (``resident_bytes``: weights, optimizer state, main gradients), how many
+stays allocated between steps (``resident_bytes``: weights, optimizer state, main gradients, and
+for the sides after ``unfused`` its first-step gradients, kept for the comparison), how many
 ``linear_wgrad`` / ``linear_wgrad_accumulate_`` calls one step made (the proof that the fused
 path engaged), and the accumulated gradients of the first step compared with the unfused side
 (max |diff| / max |ref| per parameter, the largest over the model). Eager mode only: a compiled
@@ -146,6 +147,9 @@ def main() -> None:
         if side == "unfused":
             ref = grads
             row["max_rel_grad_diff_vs_unfused"] = 0.0
+        # Only the unfused side's gradients are kept (as ``ref``): a previous side's copy left
+        # alive would count in the next side's resident memory.
+        grads = None
         rows.append(row)
     stock = rows[0]["step_ms"]
     tokens = size.batch * size.seq * args.micro_batches
