@@ -8,7 +8,7 @@ import ast
 import inspect
 import textwrap
 import types
-from typing import Any
+from typing import Any, Callable
 
 
 def wrapper_chain(fn: Any, known: frozenset[tuple[str, str]]) -> list[types.FunctionType] | None:
@@ -47,3 +47,22 @@ def body_dump(statements: list[ast.stmt]) -> str:
         ast.dump(s) for s in statements
         if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
     )
+
+
+def entry_for_call(
+    cls: type,
+    entries: dict[type, Any],
+    cache: dict[tuple[type, Any], Any],
+    still_checked: Callable[[Any, Any], bool],
+) -> Any:
+    """What an instance of ``cls`` runs with: the entry registered for ``cls`` or its nearest
+    base class in ``entries`` (so a subclass made at run time, such as FSDP2's
+    ``FSDP<Layer>``, finds its layer's entry), when ``still_checked(cls.forward, entry)`` says
+    the class's forward is still the code the entry was checked against; else None (a patched
+    or overridden forward: the class's own forward runs). Cached per (class, forward) in
+    ``cache``, so patching the forward later is noticed."""
+    key = (cls, cls.forward)
+    if key not in cache:
+        entry = next((entries[k] for k in cls.__mro__ if entries.get(k) is not None), None)
+        cache[key] = entry if entry is not None and still_checked(cls.forward, entry) else None
+    return cache[key]

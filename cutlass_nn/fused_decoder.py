@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from cutlass_nn import functional as F
-from cutlass_nn._source_check import body_dump, function_def, wrapper_chain
+from cutlass_nn._source_check import body_dump, entry_for_call, function_def, wrapper_chain
 from cutlass_nn.modules import RMSNorm, _norm_fits
 
 #: Decoder layer classes of ``transformers`` whose forward the fused one reproduces (checked
@@ -138,16 +138,11 @@ def _call_spec(cls: type) -> _Spec | None:
     ``cls.forward`` is the checked forward under the known decorators only; None when it is not
     (a patched or overridden forward: the class's forward runs instead). Cached per (class,
     forward), so patching the forward later is noticed."""
-    key = (cls, cls.forward)
-    if key not in _CALL_SPECS:
-        spec = next((_SPECS[k] for k in cls.__mro__ if _SPECS.get(k) is not None), None)
-        same = (
-            spec is not None
-            and _wrappers_known(cls.forward)
-            and inspect.unwrap(cls.forward) is inspect.unwrap(spec.checked)
-        )
-        _CALL_SPECS[key] = spec if same else None
-    return _CALL_SPECS[key]
+    return entry_for_call(cls, _SPECS, _CALL_SPECS, _still_checked)
+
+
+def _still_checked(forward_fn: Any, spec: _Spec) -> bool:
+    return _wrappers_known(forward_fn) and inspect.unwrap(forward_fn) is inspect.unwrap(spec.checked)
 
 
 def is_fused(layer: nn.Module) -> bool:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from cutlass_nn import functional as F
-from cutlass_nn._source_check import body_dump, function_def, wrapper_chain
+from cutlass_nn._source_check import body_dump, entry_for_call, function_def, wrapper_chain
 
 #: Attention classes of ``transformers`` whose forward calls their module's
 #: ``apply_rotary_pos_emb`` (checked against transformers 5.17 and 5.24; each module's function
@@ -189,7 +189,7 @@ def can_fuse_rotary(attention: nn.Module) -> bool:
     return _fused_forward_of(cls) is not None
 
 
-_CALL_FORWARDS: dict[tuple[type, Any], Callable | None] = {}
+_CALL_FORWARDS: dict[tuple[type, Any], Any] = {}
 
 
 def _call_forward(cls: type) -> Callable | None:
@@ -197,13 +197,13 @@ def _call_forward(cls: type) -> Callable | None:
     ``cls`` is a subclass made at run time (FSDP2's ``FSDP<Attention>``) whose forward is still
     the checked one; None when the class's forward was patched or overridden since (then the
     class's forward runs). Cached per (class, forward), so a later patch is noticed."""
-    key = (cls, cls.forward)
-    if key not in _CALL_FORWARDS:
-        fused = next((_FUSED_FORWARDS[k] for k in cls.__mro__ if _FUSED_FORWARDS.get(k) is not None), None)
-        chain = _wrapper_chain(cls.forward)
-        same = fused is not None and chain is not None and chain[-1] is fused.checked
-        _CALL_FORWARDS[key] = fused.rebound if same else None
-    return _CALL_FORWARDS[key]
+    fused = entry_for_call(cls, _FUSED_FORWARDS, _CALL_FORWARDS, _still_checked)
+    return None if fused is None else fused.rebound
+
+
+def _still_checked(forward_fn: Any, fused: Any) -> bool:
+    chain = _wrapper_chain(forward_fn)
+    return chain is not None and chain[-1] is fused.checked
 
 
 def is_fused(attention: nn.Module) -> bool:
