@@ -534,8 +534,6 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     // q and k are needed only for the gradients of cos and sin (usually constants)
     const bool table_grads = needs_grad(cos) || needs_grad(sin);
     ctx->save_for_backward({cos, sin, table_grads ? q : at::Tensor(), table_grads ? k : at::Tensor()});
-    ctx->saved_data["q_shape"] = q.sizes().vec();
-    ctx->saved_data["k_shape"] = k.sizes().vec();
     at::AutoDispatchBelowADInplaceOrView below;
     auto [q_out, k_out] = cutlass_nn::rotary_embedding(q, k, cos, sin);
     return {q_out, k_out};
@@ -554,16 +552,17 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
         if (grad_q.defined()) grads[0] = rotary_aten(grad_q, cos, sin, true);
         if (grad_k.defined()) grads[1] = rotary_aten(grad_k, cos, sin, true);
       } else {
-        // A missing output gradient (that output unused) is passed as an operand of no heads.
-        auto no_heads = [&](const char* key, const at::Tensor& like) {
-          auto shape = ctx->saved_data[key].toIntVector();
-          shape[1] = 0;
-          return at::empty(shape, like.options());
-        };
+        // A missing output gradient (that output unused) is passed as an operand of no heads:
+        // q and k share batch, sequence and head size, so the present gradient gives its shape.
         const at::Tensor& present = grad_q.defined() ? grad_q : grad_k;
+        auto no_heads = [&]() {
+          auto shape = present.sym_sizes().vec();
+          shape[1] = 0;
+          return at::empty_symint(shape, present.options());
+        };
         auto [gq, gk] = cutlass_nn::rotary_embedding_backward(
-            grad_q.defined() ? grad_q : no_heads("q_shape", present),
-            grad_k.defined() ? grad_k : no_heads("k_shape", present), cos, sin);
+            grad_q.defined() ? grad_q : no_heads(), grad_k.defined() ? grad_k : no_heads(), cos,
+            sin);
         if (grad_q.defined()) grads[0] = gq;
         if (grad_k.defined()) grads[1] = gk;
       }

@@ -39,10 +39,9 @@ kernels::RotaryOperand operand(const at::Tensor& in, const at::Tensor& out) {
   op.in = in.const_data_ptr();
   op.out = out.data_ptr();
   op.heads = in.size(1);
-  const int dims[3] = {0, 1, 2};
-  for (int i = 0; i < 3; ++i) {
-    op.in_stride[i] = in.stride(dims[i]);
-    op.out_stride[i] = out.stride(dims[i]);
+  for (int dim = 0; dim < 3; ++dim) {  // batch, head, sequence
+    op.in_stride[dim] = in.stride(dim);
+    op.out_stride[dim] = out.stride(dim);
   }
   return op;
 }
