@@ -97,11 +97,21 @@ def _fold_into_main_grad(p: torch.Tensor) -> None:
             "after attach_main_grads; change main-gradient buffers only with "
             "cutlass_nn.detach_main_grads / attach_main_grads"
         )
+    if grad.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr():
+        raise RuntimeError(
+            "cutlass_nn.attach_main_grads: a parameter's .grad shares memory with its main_grad "
+            "at backward time (e.g. p.grad = p.main_grad.to(p.dtype) for a float32 parameter, "
+            "left set after the optimizer step); set p.grad = None (optimizer.zero_grad()) "
+            "before the next backward"
+        )
     buffer.add_(grad.detach())
     p.grad = None
 
 
 def _attach(p: nn.Parameter, buffer: torch.Tensor) -> None:
+    if p.grad is not None:  # a gradient from before: it moves into the buffer
+        buffer.add_(p.grad.detach())
+        p.grad = None
     torch.ops.cutlass_nn._set_main_grad(p, buffer)
     p.main_grad = buffer
     setattr(p, _HOOK_ATTR, p.register_post_accumulate_grad_hook(_fold_into_main_grad))
@@ -122,15 +132,41 @@ def attach_main_grads(module: nn.Module) -> dict[str, torch.Tensor]:
     (``p.main_grad.zero_()``), and step an optimizer on them (for example over float32 master
     copies of the parameters, or after ``p.grad = p.main_grad.to(p.dtype)``).
 
-    Parameters that already have a buffer keep it (calling this twice is harmless). DDP and
-    FSDP reduce ``.grad``, which stays ``None``: reduce the buffers yourself. Returns the
-    buffers by parameter name. Undo with :func:`detach_main_grads`.
+    ``p.grad`` must be ``None`` when a backward pass starts: whatever it holds then is folded
+    into the buffer (``optimizer.zero_grad()`` after the step does it; a ``.grad`` that shares
+    memory with the buffer is an error). A gradient present at attach time moves into the new
+    buffer. ``torch.autograd.grad`` returns gradients and leaves the buffers alone;
+    ``backward(inputs=...)`` adds into the named parameters' buffers through the hook. Layers under activation checkpointing or saved-tensor hooks
+    take the usual path (folded by the hook: same values, no fused GEMM). Parameters that
+    already have a buffer keep it (calling this twice is harmless). Not for DDP / FSDP: they
+    reduce ``.grad``, and FSDP2's sharded parameters (DTensor) are refused with a TypeError;
+    reduce the buffers yourself. Not for concurrent backward passes over shared parameters
+    from several threads. Returns the buffers by parameter name. Undo with
+    :func:`detach_main_grads`.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(
             "cutlass_nn.attach_main_grads: argument 'module' must be a torch.nn.Module, got "
             f"{type(module).__qualname__}"
         )
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(module, DistributedDataParallel):
+        raise TypeError(
+            "cutlass_nn.attach_main_grads: argument 'module' must not be DistributedDataParallel "
+            "(it reduces .grad, which main-gradient buffers leave None)"
+        )
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without distributed support has no DTensor
+        DTensor = ()
+    for name, p in module.named_parameters():
+        if isinstance(p, DTensor):
+            raise TypeError(
+                "cutlass_nn.attach_main_grads: parameter "
+                f"'{name}' is a sharded DTensor (FSDP2 / tensor parallel), which main-gradient "
+                "buffers do not support"
+            )
     from cutlass_nn.modules import GatedMLP
 
     done: set[int] = set()
@@ -138,7 +174,7 @@ def attach_main_grads(module: nn.Module) -> dict[str, torch.Tensor]:
         if not isinstance(sub, GatedMLP):
             continue
         gate, up = sub.gate_proj.weight, sub.up_proj.weight
-        if (gate.requires_grad and up.requires_grad and gate.shape == up.shape
+        if (gate is not up and gate.requires_grad and up.requires_grad and gate.shape == up.shape
                 and gate.dtype == up.dtype and gate.device == up.device
                 and not hasattr(gate, _HOOK_ATTR) and not hasattr(up, _HOOK_ATTR)):
             both = torch.zeros((2 * gate.shape[0],) + tuple(gate.shape[1:]),

@@ -368,7 +368,8 @@ def test_main_grads_usual_path_cases_are_folded():
     seen = []
     m[3].weight.register_hook(lambda g: seen.append(g))
     (x, y), (x2, y2) = batches
-    F.mse_loss(m(x), y).backward(create_graph=True)
+    new, in_place = op_counts(lambda: F.mse_loss(m(x), y).backward(create_graph=True))
+    assert in_place == 0 and new == 4  # create_graph: every weight gradient formed as usual
     F.mse_loss(m(x2), y2).backward()
     assert len(seen) == 2
     for name, p in m.named_parameters():
@@ -420,3 +421,118 @@ def test_main_grad_arguments_are_checked():
         cutlass_nn.detach_main_grads([])
     with pytest.raises(RuntimeError, match=r"cutlass_nn\._set_main_grad: argument 'buffer' must have the weight's shape"):
         torch.ops.cutlass_nn._set_main_grad(torch.zeros(2, 3), torch.zeros(3, 2))
+
+
+def test_autograd_grad_returns_weight_gradients_and_leaves_buffers_alone():
+    """torch.autograd.grad (and backward(inputs=...)) never take the in-place path: the caller
+    gets the weight gradients, and .grad / main_grad are not written behind its back."""
+    (x, y), = micro_batches(1)
+    m = mixed_model(torch.float64, seed=6)
+    want = accumulate(copy.deepcopy(m), [(x, y)])
+    buffers = cutlass_nn.attach_main_grads(m)
+    names = [n for n, _ in m.named_parameters()]
+    got = torch.autograd.grad(F.mse_loss(m(x), y), list(m.parameters()))
+    for name, g in zip(names, got):
+        torch.testing.assert_close(g, want[name], rtol=1e-12, atol=1e-12, msg=name)
+        assert not buffers[name].any(), name
+    # the fused switch with an existing .grad: the same
+    cutlass_nn.detach_main_grads(m)
+    F.mse_loss(m(x), y).backward()
+    before = {n: p.grad.clone() for n, p in m.named_parameters()}
+    with cutlass_nn.fused_wgrad_accumulation():
+        new, in_place = op_counts(lambda: torch.autograd.grad(F.mse_loss(m(x), y), [m[0].weight]))
+        assert in_place == 0
+        F.mse_loss(m(x), y).backward(inputs=[m[3].weight])
+    for name, p in m.named_parameters():
+        expect = before[name] + (want[name] if name == "3.weight" else 0)
+        torch.testing.assert_close(p.grad, expect, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_attach_moves_an_existing_gradient_into_the_buffer():
+    (x, y), (x2, y2) = micro_batches(2)
+    m = mixed_model(torch.float64, seed=7)
+    want = accumulate(copy.deepcopy(m), [(x, y), (x2, y2)])
+    F.mse_loss(m(x), y).backward()
+    cutlass_nn.attach_main_grads(m)
+    assert all(p.grad is None for p in m.parameters())
+    new, in_place = op_counts(lambda: F.mse_loss(m(x2), y2).backward())
+    assert (new, in_place) == (0, 4)
+    for name, p in m.named_parameters():
+        torch.testing.assert_close(p.main_grad, want[name], rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_main_grads_with_the_optimizer_recipe():
+    """p.grad = main_grad.to(dtype), step, zero_grad (set_to_none), zero the buffers: each step's
+    buffers hold that step's gradient only; a .grad aliasing the buffer at backward is an error."""
+    batches = micro_batches(3, dtype=torch.float32)
+    m = mixed_model(torch.float32, seed=8)
+    ref = copy.deepcopy(m)
+    cutlass_nn.attach_main_grads(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for x, y in batches:
+        F.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+        F.mse_loss(m(x), y).backward()
+        for p in m.parameters():
+            p.grad = p.main_grad.to(p.dtype)  # float32: the buffer itself
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        for p in m.parameters():
+            p.main_grad.zero_()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+    x, y = batches[0]
+    for p in m.parameters():
+        p.grad = p.main_grad.to(p.dtype)
+    with pytest.raises(RuntimeError, match=r"\.grad shares memory with its main_grad"):
+        F.mse_loss(m(x), y).backward()
+
+
+def test_main_grads_with_tied_gate_and_up_weights():
+    mlp = gated(seed=9)
+    mlp.up_proj.weight = mlp.gate_proj.weight
+    (x, y), = gated_batches(1)
+    want = accumulate(copy.deepcopy(mlp), [(x, y)])
+    cutlass_nn.attach_main_grads(mlp)
+    F.mse_loss(mlp(x), y).backward()
+    for name, p in mlp.named_parameters():
+        torch.testing.assert_close(p.main_grad, want[name], rtol=1e-12, atol=1e-12, msg=name)
+    cutlass_nn.detach_main_grads(mlp)
+    F.mse_loss(mlp(x), y).backward()  # no hook left behind
+    assert mlp.gate_proj.weight.grad is not None
+
+
+def test_a_dropped_model_frees_its_buffers():
+    import gc
+    import weakref
+
+    m = mixed_model(torch.float64, seed=10)
+    ref = weakref.ref(cutlass_nn.attach_main_grads(m)["0.weight"])
+    del m
+    gc.collect()
+    assert ref() is None
+
+
+def test_main_grads_refuse_distributed_wrappers(tmp_path):
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        m = mixed_model(torch.float64, seed=11)
+        with pytest.raises(TypeError, match=r"must not be DistributedDataParallel"):
+            cutlass_nn.attach_main_grads(DDP(m))
+        mesh = init_device_mesh("cpu", (1,))
+        m.register_parameter("sharded", nn.Parameter(distribute_tensor(torch.zeros(4), mesh, [Shard(0)])))
+        with pytest.raises(TypeError, match=r"parameter 'sharded' is a sharded DTensor"):
+            cutlass_nn.attach_main_grads(m)
+        assert not any(hasattr(p, "main_grad") for p in m.parameters())
+    finally:
+        dist.destroy_process_group()

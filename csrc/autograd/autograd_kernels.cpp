@@ -100,7 +100,8 @@ std::atomic<bool> g_fused_wgrad_accumulation{false};
 // the weight's registered main-gradient buffer (cutlass_nn.attach_main_grads), else, with fused
 // weight-gradient accumulation on, its existing .grad (a later micro-batch: the first one hands
 // autograd a new tensor, as usual). Only when no graph of the gradient is being built
-// (create_graph), the weight is a plain leaf, the buffer has the weight's shape and device, is
+// (create_graph), the backward is a plain backward() (not autograd.grad, no `inputs=`), the
+// weight is a plain leaf, the buffer has the weight's shape and device, is
 // contiguous, with the weight's dtype (or float32 for a 16-bit weight's main gradient), and
 // nothing would see the gradient before it is accumulated (no tensor hooks, no retain_grad on
 // the weight). Autograd then receives no gradient for the weight: its AccumulateGrad node still
@@ -113,6 +114,10 @@ at::Tensor grad_to_accumulate_into(const at::Tensor& weight) {
       !weight.requires_grad() || at::isTensorSubclassLike(weight)) {
     return at::Tensor();
   }
+  // torch.autograd.grad / backward(inputs=...): the gradient is returned to the caller (or goes
+  // only where `inputs` says), never into .grad or a main-gradient buffer behind its back.
+  const auto* exec_info = torch::autograd::get_current_graph_task_exec_info();
+  if (exec_info != nullptr && !exec_info->empty()) return at::Tensor();
   at::Tensor buffer = main_grads ? main_grad_of(weight) : at::Tensor();
   const bool is_main = buffer.defined();
   if (!is_main) {

@@ -2,8 +2,9 @@
 // (float32, or the weight's own dtype) has its weight gradient added into that buffer by the
 // backward of linear / linear_act / gated_mlp, in the GEMM itself (beta = 1), and autograd
 // receives no gradient for it (csrc/autograd/autograd_kernels.cpp, grad_to_accumulate_into).
-// The registry holds the weight weakly (an entry never keeps a parameter alive) and the buffer
-// strongly; entries whose weight has died are dropped on the next registration.
+// The registry holds the weight and the buffer weakly (an entry keeps neither alive: the Python
+// side keeps the buffer as the parameter's main_grad attribute); entries whose weight or buffer
+// has died are dropped when looked up and on the next registration.
 #pragma once
 
 #include <ATen/core/Tensor.h>
