@@ -8,11 +8,15 @@ and micro-batch. With fused accumulation on, the weight-gradient GEMM adds into 
 separate gradient for the weight.
 
 It applies to :class:`cutlass_nn.CutlassLinear` / ``functional.linear`` (with or without a fused
-activation) when the weight is a plain leaf whose ``.grad`` already exists (the first micro-batch
-after ``zero_grad(set_to_none=True)`` takes the usual path), with the weight's shape, dtype and
-device; not while building a graph of the gradient (``create_graph``), and not when something
+activation) and :class:`cutlass_nn.GatedMLP` / ``functional.gated_mlp`` when the weight is a
+plain leaf whose ``.grad`` already exists (the first micro-batch after
+``zero_grad(set_to_none=True)`` takes the usual path), with the weight's shape, dtype and device,
+in a plain ``backward()`` (``torch.autograd.grad`` and ``inputs=`` take the usual path); not while building a graph of the gradient (``create_graph``), and not when something
 would observe the weight's gradient before accumulation (a tensor hook or ``retain_grad`` on the
 weight): those cases take the usual path, so results never change, only where the sum is formed.
+The weight's ``AccumulateGrad`` node still runs and fires its post hooks, so DDP (including
+``no_sync`` micro-batches and ``gradient_as_bucket_view``) and ``register_post_accumulate_grad_hook``
+see the accumulated gradient. Under ``torch.compile`` the compiled backward takes the usual path.
 
 Main-gradient buffers (:func:`attach_main_grads`): every trainable parameter gets a
 ``p.main_grad`` buffer (float32 for 16-bit and float32 parameters) that its gradients accumulate
@@ -22,9 +26,6 @@ float32 buffer: one rounding fewer per micro-batch than 16-bit ``.grad`` accumul
 16-bit gradient at all), from the first micro-batch on, whether or not the switch above is on;
 every other gradient (biases, norms, embeddings, the usual-path cases) is formed as usual and
 folded into the buffer by a post-accumulate-grad hook.
-The weight's ``AccumulateGrad`` node still runs and fires its post hooks, so DDP (including
-``no_sync`` micro-batches and ``gradient_as_bucket_view``) and ``register_post_accumulate_grad_hook``
-see the accumulated gradient. Under ``torch.compile`` the compiled backward takes the usual path.
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ __all__ = [
     "fused_wgrad_accumulation_enabled",
     "set_fused_wgrad_accumulation",
 ]
+
+
+def _check_module(name: str, module) -> None:
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"cutlass_nn.{name}: argument 'module' must be a torch.nn.Module, got "
+            f"{type(module).__qualname__}"
+        )
 
 
 def _check_bool(name: str, value) -> None:
@@ -136,19 +145,15 @@ def attach_main_grads(module: nn.Module) -> dict[str, torch.Tensor]:
     into the buffer (``optimizer.zero_grad()`` after the step does it; a ``.grad`` that shares
     memory with the buffer is an error). A gradient present at attach time moves into the new
     buffer. ``torch.autograd.grad`` returns gradients and leaves the buffers alone;
-    ``backward(inputs=...)`` adds into the named parameters' buffers through the hook. Layers under activation checkpointing or saved-tensor hooks
-    take the usual path (folded by the hook: same values, no fused GEMM). Parameters that
+    ``backward(inputs=...)`` adds into the named parameters' buffers through the hook.
+    Layers under activation checkpointing or saved-tensor hooks take the usual path (folded by the hook: same values, no fused GEMM). Parameters that
     already have a buffer keep it (calling this twice is harmless). Not for DDP / FSDP: they
     reduce ``.grad``, and FSDP2's sharded parameters (DTensor) are refused with a TypeError;
     reduce the buffers yourself. Not for concurrent backward passes over shared parameters
     from several threads. Returns the buffers by parameter name. Undo with
     :func:`detach_main_grads`.
     """
-    if not isinstance(module, nn.Module):
-        raise TypeError(
-            "cutlass_nn.attach_main_grads: argument 'module' must be a torch.nn.Module, got "
-            f"{type(module).__qualname__}"
-        )
+    _check_module("attach_main_grads", module)
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(module, DistributedDataParallel):
@@ -188,7 +193,6 @@ def attach_main_grads(module: nn.Module) -> dict[str, torch.Tensor]:
             continue
         if id(p) not in done and not hasattr(p, _HOOK_ATTR):
             _attach(p, torch.zeros(p.shape, dtype=_main_grad_dtype(p), device=p.device))
-            done.add(id(p))
         buffers[name] = p.main_grad
     return buffers
 
@@ -197,11 +201,7 @@ def detach_main_grads(module: nn.Module) -> None:
     """Undo :func:`attach_main_grads` for ``module``'s parameters: gradients go to ``.grad``
     again, and the ``main_grad`` attributes and hooks are removed (the buffers themselves are
     left to whoever still holds them)."""
-    if not isinstance(module, nn.Module):
-        raise TypeError(
-            "cutlass_nn.detach_main_grads: argument 'module' must be a torch.nn.Module, got "
-            f"{type(module).__qualname__}"
-        )
+    _check_module("detach_main_grads", module)
     for p in module.parameters():
         handle = getattr(p, _HOOK_ATTR, None)
         if handle is None:
