@@ -285,36 +285,52 @@ def fsdp2_worker(rank, world_size, init_method, out_dir, device_type, steps):
 # ---------------------------------------------------------------------------------------------
 
 
-def _ddp_accumulate_body(rank, world_size, device, micro):
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    g = torch.Generator().manual_seed(DATA_SEED + 1)
+def _micro_batches_and_reference(world_size, micro, device, seed):
+    """Every rank's ``micro`` micro-batches, and the reference gradients: one process, no
+    wrapper, fused accumulation off, all ranks' micro-batches accumulated, then averaged over the
+    ranks (what DDP's all-reduce and FSDP2's reduce-scatter form)."""
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(world_size, micro, 3, IN_FEATURES, generator=g).to(device)
     y = torch.randn(world_size, micro, 3, OUT_FEATURES, generator=g).to(device)
-
-    # The reference: one process, no DDP, fused accumulation off; every rank's micro-batches
-    # accumulated, then averaged over the ranks (what DDP's all-reduce forms).
     ref = build_model(device)
     for r in range(world_size):
         for i in range(micro):
             F.mse_loss(ref(x[r, i]), y[r, i]).backward()
-    reference = _cpu_dict((n, p.grad / world_size) for n, p in ref.named_parameters())
+    return x, y, _cpu_dict((n, p.grad / world_size) for n, p in ref.named_parameters())
 
-    model = build_model(device)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    # counted with the profiler: under a dispatch mode (CountCutlassOps) the fused path is off
+
+def _run_fused_micro_batches(micro, run_micro_batch) -> dict:
+    """``run_micro_batch(i)`` for each micro-batch with fused accumulation on; how many weight
+    gradients were formed new and how many added in place (counted with the profiler: under a
+    dispatch mode such as CountCutlassOps the fused path is off)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     with cutlass_nn.fused_wgrad_accumulation(), torch.profiler.profile(activities=activities) as prof:
         for i in range(micro):
-            sync = i == micro - 1
-            with contextlib.nullcontext() if sync else ddp.no_sync():
-                F.mse_loss(ddp(x[rank, i]), y[rank, i]).backward()
+            run_micro_batch(i)
     names = [e.name for e in prof.events()]
+    return dict(
+        accumulated_in_place=names.count("cutlass_nn::linear_wgrad_accumulate_"),
+        new_wgrads=names.count("cutlass_nn::linear_wgrad"),
+    )
+
+
+def _ddp_accumulate_body(rank, world_size, device, micro):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    x, y, reference = _micro_batches_and_reference(world_size, micro, device, DATA_SEED + 1)
+    model = build_model(device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def micro_batch(i):
+        sync = i == micro - 1
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            F.mse_loss(ddp(x[rank, i]), y[rank, i]).backward()
+
+    counts = _run_fused_micro_batches(micro, micro_batch)
     return dict(
         grads=_cpu_dict((n, p.grad) for n, p in model.named_parameters()),
         reference=reference,
-        accumulated_in_place=names.count("cutlass_nn::linear_wgrad_accumulate_"),
-        new_wgrads=names.count("cutlass_nn::linear_wgrad"),
+        **counts,
     )
 
 
@@ -332,35 +348,23 @@ def _fsdp2_accumulate_body(rank, world_size, device, micro):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    g = torch.Generator().manual_seed(DATA_SEED + 2)
-    x = torch.randn(world_size, micro, 3, IN_FEATURES, generator=g).to(device)
-    y = torch.randn(world_size, micro, 3, OUT_FEATURES, generator=g).to(device)
-
-    # The reference: one process, no FSDP, fused accumulation off, every rank's micro-batches
-    # accumulated and averaged over the ranks (FSDP2's reduce-scatter averages).
-    ref = build_model(device)
-    for r in range(world_size):
-        for i in range(micro):
-            F.mse_loss(ref(x[r, i]), y[r, i]).backward()
-    reference = _cpu_dict((n, p.grad / world_size) for n, p in ref.named_parameters())
-
+    x, y, reference = _micro_batches_and_reference(world_size, micro, device, DATA_SEED + 2)
     mesh = init_device_mesh(torch.device(device).type, (world_size,))
     model = build_model(device)
     for layer in [m for m in model.modules() if type(m) is cutlass_nn.CutlassLinear]:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    with cutlass_nn.fused_wgrad_accumulation(), torch.profiler.profile(activities=activities) as prof:
-        for i in range(micro):
-            # the earlier micro-batches keep unsharded gradients; the last one reduce-scatters
-            model.set_requires_gradient_sync(i == micro - 1)
-            F.mse_loss(model(x[rank, i]), y[rank, i]).backward()
-    names = [e.name for e in prof.events()]
+
+    def micro_batch(i):
+        # the earlier micro-batches keep unsharded gradients; the last one reduce-scatters
+        model.set_requires_gradient_sync(i == micro - 1)
+        F.mse_loss(model(x[rank, i]), y[rank, i]).backward()
+
+    counts = _run_fused_micro_batches(micro, micro_batch)
     return dict(
         grads=_cpu_dict((n, p.grad.full_tensor()) for n, p in model.named_parameters()),
         reference=reference,
-        accumulated_in_place=names.count("cutlass_nn::linear_wgrad_accumulate_"),
-        new_wgrads=names.count("cutlass_nn::linear_wgrad"),
+        **counts,
     )
 
 

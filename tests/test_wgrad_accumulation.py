@@ -38,6 +38,19 @@ def accumulate(m, batches):
     return {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
 
+def fused_matches_unfused(plain, fused, batches):
+    """The micro-batches through ``plain`` (fused accumulation off) and ``fused`` (on): the
+    gradients agree; returns (new, in place) weight-gradient counts of the fused run."""
+    want = accumulate(plain, batches)
+    with cutlass_nn.fused_wgrad_accumulation():
+        got = {}
+        counts = op_counts(lambda: got.update(accumulate(fused, batches)))
+    assert set(got) == set(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-12, msg=name)
+    return counts
+
+
 def op_counts(fn):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
@@ -71,13 +84,7 @@ def test_arguments_are_checked():
 def test_micro_batches_match_the_unfused_gradients(bias):
     batches = micro_batches()
     plain = model(bias=bias)
-    fused = copy.deepcopy(plain)
-    want = accumulate(plain, batches)
-    with cutlass_nn.fused_wgrad_accumulation():
-        grads = {}
-        counts = op_counts(lambda: grads.update(accumulate(fused, batches)))
-    for name in want:
-        torch.testing.assert_close(grads[name], want[name], rtol=1e-12, atol=1e-12, msg=name)
+    counts = fused_matches_unfused(plain, copy.deepcopy(plain), batches)
     # 2 layers: the first micro-batch forms new gradients, the next two accumulate in place
     assert counts == (2, 4)
     assert op_counts(lambda: accumulate(plain, batches)) == (6, 0)
@@ -239,12 +246,7 @@ def test_gated_mlp_micro_batches_match_the_unfused_gradients(bias):
     batches = gated_batches()
     plain = gated(bias)
     fused = copy.deepcopy(plain)
-    want = accumulate(plain, batches)
-    with cutlass_nn.fused_wgrad_accumulation():
-        grads = {}
-        counts = op_counts(lambda: grads.update(accumulate(fused, batches)))
-    for name in want:
-        torch.testing.assert_close(grads[name], want[name], rtol=1e-12, atol=1e-12, msg=name)
+    counts = fused_matches_unfused(plain, fused, batches)
     # first micro-batch: down and gate+up form new gradients (gate's and up's are the halves of
     # one buffer); the next two add into them: one GEMM for down, one for gate+up together
     assert counts == (2, 4)
@@ -259,12 +261,7 @@ def test_gated_mlp_separate_gradient_tensors_accumulate_per_weight():
         gen = torch.Generator().manual_seed(4)
         for p in m.parameters():
             p.grad = torch.randn(p.shape, dtype=p.dtype, generator=gen)
-    want = accumulate(plain, batches)
-    with cutlass_nn.fused_wgrad_accumulation():
-        got = {}
-        counts = op_counts(lambda: got.update(accumulate(fused, batches)))
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-12, msg=name)
+    counts = fused_matches_unfused(plain, fused, batches)
     assert counts == (0, 6)  # down, gate, up: three accumulating GEMMs per micro-batch
 
 
@@ -274,12 +271,7 @@ def test_gated_mlp_gate_without_up_gradient_keeps_the_usual_path_for_both():
     for m in (plain, fused):
         m.gate_proj.weight.grad = torch.ones_like(m.gate_proj.weight)
         m.down_proj.weight.grad = torch.ones_like(m.down_proj.weight)
-    want = accumulate(plain, batches)
-    with cutlass_nn.fused_wgrad_accumulation():
-        got = {}
-        counts = op_counts(lambda: got.update(accumulate(fused, batches)))
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-12, msg=name)
+    counts = fused_matches_unfused(plain, fused, batches)
     assert counts == (1, 1)  # gate+up: a new [2n, in] gradient; down: accumulated
 
 
