@@ -55,11 +55,20 @@ SM90_CONFIG_NAMES = {
     # 8, 9: short K (wgrad over a few tokens): config 0 with a 128x64 / 128x128 epilogue tile
     8: "128x256x64_2x1x1_coop_epi128x64",
     9: "128x256x64_2x1x1_coop_epi128x128",
+    10: "128x192x64_2x1x1_coop",
+    # 11, 12: small weight gradients over many tokens: 64-row ping-pong tiles, whole K
+    11: "64x64x128_1x1x1_pingpong",
+    12: "64x32x128_1x1x1_pingpong",
     15: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only
     16: "128x128x32_2x1x1_coop_promoted",  # the 3xTF32 parts of float32 "highest" only
 }
 # The configurations of the 16-bit kernels (the sweep's and the rule's choices): row-major D...
 SM90_16BIT_CONFIGS = (0, 1, 2, 3)
+# ... configurations compiled for the input dtype out only (no fp32-out wgrad kernel: an fp32
+# weight gradient takes the rule's row-major fallback) ...
+SM90_16BIT_OUT_CONFIGS = (10,)
+# ... and those of the weight gradient of a small layer ("nt", the input dtype out).
+SM90_SMALL_WGRAD_CONFIGS = (11, 12)
 # ... and those of the transposed small-M problem (column-major D^T; forward and dgrad turn
 # into the "tn" and "tt" layouts; output dtype = input dtype only).
 SM90_SWAPPED_CONFIGS = (4, 5, 6, 7)
@@ -135,12 +144,16 @@ def kernel_list() -> list[Kernel]:
             for lay in ("tn", "nn", "nt"):
                 ks.append(Kernel("kSm90TmaWs", ab, ab, lay, 8, config))
             ks.append(Kernel("kSm90TmaWs", ab, "kFloat32", "nt", 8, config))
+    for config in SM90_16BIT_OUT_CONFIGS:
+        for ab in sixteen:
+            for lay in ("tn", "nn", "nt"):
+                ks.append(Kernel("kSm90TmaWs", ab, ab, lay, 8, config))
     # float32 on TF32 tensor cores: K-major operands (tn) only; TF32 matmuls, and the operands
     # the binding splits into TF32 parts for 3xTF32 (the binding writes them K-major).
     ks.append(Kernel("kSm90TmaWs", "kFloat32", "kFloat32", "tn", 4, SM90_TF32_CONFIG))
     ks.append(Kernel("kSm90TmaWs", "kFloat32", "kFloat32", "tn", 4, SM90_TF32_SPLIT_CONFIG))
-    # Short K: wgrad ("nt") with the input dtype out.
-    for config in SM90_SHORT_K_CONFIGS:
+    # Short K, and small weight gradients over a long K: wgrad ("nt") with the input dtype out.
+    for config in SM90_SHORT_K_CONFIGS + SM90_SMALL_WGRAD_CONFIGS:
         for ab in sixteen:
             ks.append(Kernel("kSm90TmaWs", ab, ab, "nt", 8, config))
     # The transposed small-M problem (the dispatcher swaps A and B; D^T is column-major).

@@ -1104,6 +1104,15 @@ def test_sweep_pure_helpers():
         (2, 4, 0),
     ]
     assert bench.sweep_variants(names, [1], [2]) == [(-1, 0, 0), (0, 1, 0), (1, 1, 2), (2, 1, 0)]
+    # only the configurations asked for (the rule's choice always first)
+    assert bench.sweep_variants(names, [1, 4], [0], [2, 0]) == [
+        (-1, 0, 0),
+        (0, 1, 0),
+        (0, 4, 0),
+        (2, 1, 0),
+        (2, 4, 0),
+    ]
+    assert bench.sweep_variants(names, [1], [0], []) == [(-1, 0, 0)]
     variants = bench.sweep_variants(names, [1, 4], [0, 1, 2])
     assert len(variants) == len(set(variants))
     assert [bench.is_stream_k(n) for n in names] == [False, True, False]

@@ -39,7 +39,9 @@ FLOOR_16 = 2e-3
 SWAPPED_CONFIGS = (4, 5, 6, 7)
 # The short-K configurations, compiled for the wgrad layout only (9: 16-bit outputs only).
 SHORT_K_CONFIGS = (8, 9)
-N_CONFIGS = 10
+# The small-wgrad configurations (64-row ping-pong tiles): the wgrad layout, 16-bit outputs only.
+SMALL_WGRAD_CONFIGS = (11, 12)
+N_CONFIGS = 13
 
 
 def _transposable(op: str) -> bool:
@@ -52,7 +54,7 @@ def _config_has_kernel(config: int, op: str) -> bool:
     """Whether a configuration has kernels for the op's GEMM (16-bit in, same dtype out)."""
     if config in SWAPPED_CONFIGS:
         return _transposable(op)
-    if config in SHORT_K_CONFIGS:
+    if config in SHORT_K_CONFIGS or config in SMALL_WGRAD_CONFIGS:
         return op == "linear_wgrad"
     return True
 

@@ -257,7 +257,7 @@ double time_plan(const GemmPlan& plan, const at::Tensor& workspace, cudaStream_t
 // The candidates: (config, swizzle, splits). The rule's own choice is timed first; candidates
 // whose plan resolves to one already timed (a configuration without a kernel for this layout
 // falls back to the rule) are skipped.
-constexpr std::array<std::array<int, 3>, 18> kCandidates = {{
+constexpr std::array<std::array<int, 3>, 21> kCandidates = {{
     {-1, 0, 0},                                    // the rule
     {0, 0, 0},                                     // 128x256, 2x1 cluster
     {1, 0, 0}, {1, 0, 2}, {1, 0, 3}, {1, 0, 4},    // 128x256 stream-K / split-K
@@ -265,6 +265,8 @@ constexpr std::array<std::array<int, 3>, 18> kCandidates = {{
     {3, 0, 0},                                     // 128x128 ping-pong
     {4, 0, 0}, {5, 0, 0}, {6, 0, 0}, {7, 0, 0},    // transposed small-M tiles
     {8, 0, 0}, {9, 0, 0},                          // short-K weight gradient
+    {10, 0, 0},                                    // 128x192, 2x1 cluster
+    {11, 0, 0}, {12, 0, 0},                        // small weight gradient, whole K
 }};
 
 bool same_output(const at::Tensor& d, const at::Tensor& reference) {

@@ -554,6 +554,9 @@ const char* sm90_config_name(int config) {
     case 7: return "64x128x64_1x1x1_pingpong_swapab";
     case 8: return "128x256x64_2x1x1_coop_epi128x64";
     case 9: return "128x256x64_2x1x1_coop_epi128x128";
+    case 10: return "128x192x64_2x1x1_coop";
+    case 11: return "64x64x128_1x1x1_pingpong";
+    case 12: return "64x32x128_1x1x1_pingpong";
     case 15: return "128x256x32_2x1x1_coop";
     case 16: return "128x128x32_2x1x1_coop_promoted";
   }

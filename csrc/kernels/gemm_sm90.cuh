@@ -124,6 +124,37 @@ struct Sm90TileConfig<9> : Sm90TileConfig<0> {
   using EpilogueTile = cute::Shape<cute::_128, cute::_128>;
 };
 
+// 10: 128x192 tile, 2-CTA cluster along M, cooperative, persistent: between config 0's 128x256
+// and config 3's 128x128. A 192-row weight tile is what cuBLAS runs on many mid-size transformer
+// shapes (its nvjet 192x128 / 192x192 kernels, results/cublas_kernels_h100_20261124.json); it
+// changes the wave count (N = 2816: 15 tiles per token row instead of 11 or 22) and holds 40 KiB
+// per pipeline stage (5 stages).
+template <>
+struct Sm90TileConfig<10> {
+  using TileShape = cute::Shape<cute::_128, cute::_192, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+
+// 11, 12: the weight gradient of a small layer over many tokens (an output of a few 128x128
+// tiles, K in the thousands): 64-row tiles (one warpgroup's WGMMA height) of 64 / 32 columns,
+// ping-pong, persistent, no split of K. Many small tiles fill the SMs with whole-K work (256 x
+// 1024 over 4096 tokens: 64 / 128 tiles) where config 2 splits K and pays for the reduction;
+// cuBLAS runs 64x32 / 128x64 tiles with deep pipelines there. 128-deep k-blocks (32 / 24 KiB per
+// stage). Compiled for the wgrad layout with the input dtype out.
+template <int Columns>
+struct Sm90SmallWgradTileConfig {
+  using TileShape = cute::Shape<cute::_64, cute::Int<Columns>, cute::_128>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+template <> struct Sm90TileConfig<11> : Sm90SmallWgradTileConfig<64> {};
+template <> struct Sm90TileConfig<12> : Sm90SmallWgradTileConfig<32> {};
+
 // 15 and 16 (apart from the 16-bit configurations, which the sweep enumerates): float32 operands
 // on TF32 tensor cores, K-major A and B (the "tn" layout) only, 32-deep k-blocks.
 // 15: TF32 matmuls (float32 matmul precision "high"): 128x256 tiles, 4 pipeline stages.

@@ -233,6 +233,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"{','.join(map(str, SWEEP_SWIZZLES))}; 0 = the rule's choice)",
     )
     parser.add_argument(
+        "--sweep-configs",
+        type=parse_swizzles,
+        default=None,
+        metavar="C,...",
+        help="SM90 tile configurations swept (indices into torch.ops.cutlass_nn._gemm_configs(); "
+        "default: all); the rule's own choice is always timed too",
+    )
+    parser.add_argument(
         "--sweep-splits",
         type=parse_splits,
         default=None,
@@ -284,8 +292,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.sweep_shapes is not None
         or args.sweep_swizzles is not None
         or args.sweep_splits is not None
+        or args.sweep_configs is not None
     ):
-        parser.error("--sweep-shapes, --sweep-swizzles and --sweep-splits need --sweep")
+        parser.error(
+            "--sweep-shapes, --sweep-swizzles, --sweep-configs and --sweep-splits need --sweep"
+        )
     if args.dtypes is None:
         args.dtypes = ["bf16", "fp32"] if args.quick else list(DTYPE_CHOICES)
     if not _planned_rows(args):
@@ -413,7 +424,14 @@ def sweep_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     meta = collect_meta(argv)
     l2 = meta["l2_bytes"] or DEFAULT_L2_BYTES
     plan = sweep_plan(args.dtypes, args.sweep_shapes, args.sweep_ops)
-    variants = sweep_variants(names, args.sweep_swizzles, args.sweep_splits)
+    if args.sweep_configs is not None and max(args.sweep_configs) >= len(names):
+        print(
+            f"cutlass_nn.bench --sweep: --sweep-configs {args.sweep_configs}: this build has "
+            f"configurations 0-{len(names) - 1} only",
+            file=sys.stderr,
+        )
+        return 2
+    variants = sweep_variants(names, args.sweep_swizzles, args.sweep_splits, args.sweep_configs)
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / f"sweep_{_slug(meta)}_{_stamp()}.json"
     splits_note = ""

@@ -99,13 +99,20 @@ def gemm_config_api() -> tuple[list[str], SetConfig]:
 
 
 def sweep_variants(
-    names: Sequence[str], swizzles: Sequence[int], splits: Sequence[int] = SWEEP_SPLITS
+    names: Sequence[str],
+    swizzles: Sequence[int],
+    splits: Sequence[int] = SWEEP_SPLITS,
+    configs: Sequence[int] | None = None,
 ) -> list[tuple[int, int, int]]:
     """(config, swizzle, splits) of a sweep: the automatic rule first, then every configuration
-    (by index into ``names``) with every swizzle asked for, and every splits asked for when the
-    configuration is a stream-K one (the others ignore splits: 0 only, once)."""
+    (by index into ``names``; only those of ``configs`` when given) with every swizzle asked for,
+    and every splits asked for when the configuration is a stream-K one (the others ignore
+    splits: 0 only, once)."""
     variants = [AUTO_CONFIG]
+    chosen = set(range(len(names))) if configs is None else set(configs)
     for c, name in enumerate(names):
+        if c not in chosen:
+            continue
         ks = list(dict.fromkeys(splits)) if is_stream_k(name) else [0]
         variants += [(c, s, k) for s in swizzles for k in ks]
     return variants
