@@ -16,6 +16,7 @@
 //                     f64 DMMA: 1).
 //   3. kSm80Simt      fp32 (IEEE, or TF32 requested but nothing tensor-op fits).
 //   4. kFallback      any alignment / layout (A ColumnMajor with B ColumnMajor excepted).
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cstdint>
@@ -108,6 +109,11 @@ constexpr int kTf32SplitConfig = 16;
 // tile), compiled for the wgrad layout with the input dtype out only.
 constexpr int kShortKConfig = 8;
 constexpr int kShortKWideConfig = 9;
+// The 128x192 configuration (Sm90TileConfig<10>) and the small weight-gradient ones (11: 64x64,
+// 12: 64x32 ping-pong tiles), compiled with the input dtype out only.
+constexpr int kTile192Config = 10;
+constexpr int kSmallWgradConfig = 11;
+constexpr int kSmallWgradNarrowConfig = 12;
 // The transposed configurations by token rows per tile (Sm90TileConfig<4..7>), narrowest first.
 struct SwappedTile {
   int64_t rows;
@@ -118,14 +124,58 @@ bool is_swapped_config(int config) { return config >= 4 && config <= 7; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Whether the 128x192 tile (config 10) beats config 0's 128x256 on wave quantization: the work
+// of the waves each needs, a wave of 128x192 tiles costing 3/4 of one of 128x256 tiles, is at
+// least 5% less (4096 x 3584: 5 waves of 192-wide tiles vs 4 of 256-wide, 960 vs 1024;
+// 4096 x 768: one wave either way, 192 vs 256).
+bool tile192_fills_waves_better(const GemmParams& p, int64_t sms) {
+  const int64_t rows = ceil_div(p.m, 128);
+  const int64_t cost256 = ceil_div(rows * ceil_div(p.n, 256), sms) * 256;
+  const int64_t cost192 = ceil_div(rows * ceil_div(p.n, 192), sms) * 192;
+  return cost192 * 20 <= cost256 * 19;
+}
+
+// The 128x192 configuration, with a scheduler swizzle of 4 where its tiles make at most 4
+// columns (N <= 768: measured 2-7% faster than no swizzle).
+Sm90Choice tile192_choice(const GemmParams& p) {
+  Sm90Choice c;
+  c.config = kTile192Config;
+  if (ceil_div(p.n, 192) <= 4) c.swizzle = 4;
+  return c;
+}
+
+// Whether the 128x192 tiles of a problem of at least 1024 rows fill 85-100% of one wave: the
+// row-major rule then beats the transposed kernels (4096 x 768 x 3072 forward: 0.95 vs 0.77).
+bool tile192_fills_one_wave(const GemmParams& p, int64_t sms) {
+  const int64_t tiles192 = ceil_div(p.m, 128) * ceil_div(p.n, 192);
+  return p.dtype_cd == p.dtype_ab && p.m >= 1024 && tiles192 <= sms && tiles192 * 20 >= sms * 17;
+}
+
 // The rule for row-major D (see choose_sm90_config).
 Sm90Choice choose_row_major_config(const GemmParams& p) {
   const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
   const int64_t tiles128 = ceil_div(p.m, 128) * ceil_div(p.n, 128);
   const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
+  // Configurations 10-12 have kernels with the input dtype out only.
+  const bool same_dtype_out = p.dtype_cd == p.dtype_ab;
   Sm90Choice c;
   if (tiles256 * 2 < sms) {
+    // The weight gradient of a small layer: whole-K 64-row ping-pong tiles where they give each
+    // consumer warpgroup at most one tile, for an output of at most 256 rows or over at most
+    // 1024 tokens (256 x 1024 over 4096 tokens: 1.08 vs 0.61 for split-K; 128 x 8192: 0.94 vs
+    // 0.80; 768 x 768 over 512 tokens: 0.83 vs 0.65; but 1024 x 1024 over 4096 tokens lost,
+    // 0.64 vs 0.79), 32-column tiles over at most 1024 tokens where those fill at most a wave
+    // (256 x 1024 over 512 tokens: 0.94 vs 0.84 with 64-column tiles). Not over more than 8192
+    // tokens (not measured).
+    const int64_t tiles64 = ceil_div(p.m, 64) * ceil_div(p.n, 64);
+    if (wgrad_layout && same_dtype_out && p.k <= 8192 && tiles64 <= 2 * sms &&
+        (p.m <= 256 || p.k <= 1024)) {
+      c.config = p.k <= 1024 && ceil_div(p.m, 64) * ceil_div(p.n, 32) <= sms
+                     ? kSmallWgradNarrowConfig
+                     : kSmallWgradConfig;
+      return c;
+    }
     c.config = 2;
     // Under half a wave of 128x128 tiles: split K into as many slices as fill the SMs, at
     // most 4 and each at least 1024 deep (the scheduler's own stream-K split lost 25-60% here).
@@ -144,8 +194,11 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
     return c;
   }
   // The weight gradient of a mid-size layer over many tokens (up to 1.4 waves of 128x128
-  // tiles, K >= 2048): stream-K.
+  // tiles, K >= 2048): stream-K, or 128x192 tiles where they fill 85-100% of one wave
+  // (1024 x 2816 over 4096 tokens: 0.96 vs 0.86; with fewer, 2304 x 768, 0.70 vs 0.91).
   if (wgrad_layout && tiles128 * 5 <= sms * 7 && p.k >= 2048) {
+    const int64_t tiles192 = ceil_div(p.m, 128) * ceil_div(p.n, 192);
+    if (same_dtype_out && tiles192 <= sms && tiles192 * 20 >= sms * 17) return tile192_choice(p);
     c.config = 2;
     return c;
   }
@@ -162,7 +215,14 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
   }
   if ((p.k <= 2048 && tiles128 >= 512) || (tiles128 > 1024 && tiles128 < 2048 && p.k <= 4096)) {
     c.config = 3;
+    return c;
   }
+  if (same_dtype_out && p.m >= 1024 && tile192_fills_waves_better(p, sms)) return tile192_choice(p);
+  // Config 0 over a long raster row: CUTLASS walks the shorter side of the tile grid first, so
+  // each row of tiles sweeps one whole operand; from 48 tiles per row on, a swizzle of 2 (two
+  // rows side by side) halves that operand's re-reads from memory (16384 x 18944 x 3584
+  // forward 0.99 vs 0.87, 16384 x 16384 x 4096 0.99 vs 0.90; 56 tiles: +2-4%; no change below).
+  if (std::min(ceil_div(p.m, 128), ceil_div(p.n, 256)) >= 48) c.swizzle = 2;
   return c;
 }
 
@@ -171,7 +231,10 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
 // The per-shape rule, from the configuration sweeps and benchmark runs of benchmarks/NOTES.md
 // (ratios to cuBLAS there; v0.8: the transformer shape set on an H100,
 // results/sweep_nvidia-h100-80gb-hbm3_20261124-171456.json (4096 tokens), -171840 (512 tokens),
-// -171934 (split-K of small weight gradients)). Tile counts are of the output [m, n].
+// -171934 (split-K of small weight gradients); v0.10, configurations 10-12 and the swizzle:
+// results/sweep_nvidia-h100-80gb-hbm3_20261125-154223.json (small weight gradients over 512 and
+// 4096 tokens) and -154243 (configs 0, 3, 10 x swizzles 1-8 over 4096 and 16384 tokens)).
+// Tile counts are of the output [m, n].
 //   * a small M (<= 128 rows: decode, small-batch inference and its dgrad) with N >= 1024:
 //     the transposed problem D^T = B^T A^T (configs 4-7), whose 64-row tiles cut the weight
 //     into ceil(n / 64) slabs, each streamed once by its own CTA. The token-row tile is the
@@ -206,8 +269,20 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
 //     0.90 vs 0.78, 4096x8192x1024 1.08 vs 0.95), and for 1025..2047 tiles with K <= 4096
 //     (H200: 2048x11008x4096 forward 1.00 vs 0.94, wgrad 1.07 vs 0.98). Not beyond: at
 //     4096x4096x11008 dgrad it lost to config 0 (0.88 vs 1.01 on an H100);
+//   * v0.10: the weight gradient of a small layer (few tiles, wgrad layout, 16-bit out): the
+//     whole-K 64-row ping-pong tiles (configs 11, 12) where they give each consumer warpgroup at
+//     most one tile and the output has at most 256 rows or K <= 1024 (256 x 1024 over 4096
+//     tokens 1.08 vs 0.61);
+//   * v0.10: config 10 (128x192) where its waves cost at least 5% less than config 0's, for at
+//     least 1024 rows (4096 x 3584 x 3584 forward 0.99 vs 0.98 and dgrad 0.97 vs 0.94,
+//     4096 x 3584 x 18944 1.01 vs 0.95, 16384 x 128 x 8192 0.96 vs 0.74), also in place of the
+//     transposed problem or the wgrad stream-K where its tiles fill 85-100% of a wave
+//     (4096 x 768 x 3072 forward 0.95 vs 0.77, the 1024 x 2816 wgrad over 4096 tokens 0.96 vs
+//     0.86); a swizzle of 4 for its N <= 768;
 //   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent): the tile cuBLAS
-//     picks most at these shapes (its nvjet 256x128 1x2 kernels, results/cublas_kernels_*).
+//     picks most at these shapes (its nvjet 256x128 1x2 kernels, results/cublas_kernels_*),
+//     with a scheduler swizzle of 2 from 48 tiles along the grid's shorter side (v0.10:
+//     16384 x 18944 x 3584 forward 0.99 vs 0.87).
 // Config 1 (config 0 with stream-K) won no measured shape and is left to the sweep.
 Sm90Choice choose_sm90_config(const GemmParams& p) {
   const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
@@ -223,7 +298,7 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
     return c;
   }
   const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
-  if (tiles256 * 4 < int64_t{3} * sms) {
+  if (tiles256 * 4 < int64_t{3} * sms && !tile192_fills_one_wave(p, sms)) {
     const int64_t weight_tiles = ceil_div(p.n, 64);
     int i = 3;  // 128 token rows; fewer where they hold all m rows
     while (i > 0 && kSwappedTiles[i - 1].rows >= p.m) --i;
