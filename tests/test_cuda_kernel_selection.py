@@ -460,6 +460,7 @@ TRANSFORMER_RULE_CASES = [
     ("linear_wgrad", (512, 256, 1024), 12),  # 128 tiles of 64x32 over 512 tokens
     ("linear_wgrad", (4096, 1024, 1024), 2),  # 1024 rows over 4096 tokens: split-K stays
     ("linear_wgrad", (4096, 1024, 2816), 10),  # 120 tiles of 128x192: 91% of a wave
+    ("linear_wgrad", (4096, 2816, 1024), 2),  # a taller output: stream-K stays
     ("linear", (4096, 768, 3072), 10),  # 128 tiles of 128x192 in place of the transposed problem
     ("linear_dgrad", (4096, 3584, 3584), 10),  # 5 waves of 128x192 cost less than 4 of 128x256
     ("linear", (4096, 4096, 4096), 0),

@@ -194,11 +194,15 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
     return c;
   }
   // The weight gradient of a mid-size layer over many tokens (up to 1.4 waves of 128x128
-  // tiles, K >= 2048): stream-K, or 128x192 tiles where they fill 85-100% of one wave
-  // (1024 x 2816 over 4096 tokens: 0.96 vs 0.86; with fewer, 2304 x 768, 0.70 vs 0.91).
+  // tiles, K >= 2048): stream-K, or 128x192 tiles where they fill 85-100% of one wave and the
+  // output is no taller than wide (1024 x 2816 over 4096 tokens: 0.96 vs 0.86; with fewer
+  // tiles, 2304 x 768, 0.70 vs 0.91; taller, 2816 x 1024, 0.72-0.77 vs 0.86-0.91, and over
+  // 16384 tokens 0.73-0.75 vs 1.01: results/bench_nvidia-h100-80gb-hbm3_20261125-155457.json).
   if (wgrad_layout && tiles128 * 5 <= sms * 7 && p.k >= 2048) {
     const int64_t tiles192 = ceil_div(p.m, 128) * ceil_div(p.n, 192);
-    if (same_dtype_out && tiles192 <= sms && tiles192 * 20 >= sms * 17) return tile192_choice(p);
+    if (same_dtype_out && p.m <= p.n && tiles192 <= sms && tiles192 * 20 >= sms * 17) {
+      return tile192_choice(p);
+    }
     c.config = 2;
     return c;
   }

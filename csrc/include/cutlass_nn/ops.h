@@ -247,7 +247,8 @@ inline std::string build_info() {
 }
 
 // Fused weight-gradient accumulation (process-wide, off by default): when on, the backward of
-// linear / linear_act adds the weight gradient into an existing weight.grad in the GEMM itself
+// linear / linear_act / gated_mlp adds each weight gradient into an existing weight.grad in the
+// GEMM itself
 // (see cutlass_nn/grad_accumulation.py for when it applies). Returns the previous setting.
 inline bool set_fused_wgrad_accumulation(bool enable) {
   static const auto op = c10::Dispatcher::singleton()
