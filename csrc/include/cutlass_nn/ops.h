@@ -248,8 +248,8 @@ inline std::string build_info() {
 
 // Fused weight-gradient accumulation (process-wide, off by default): when on, the backward of
 // linear / linear_act / gated_mlp adds each weight gradient into an existing weight.grad in the
-// GEMM itself
-// (see cutlass_nn/grad_accumulation.py for when it applies). Returns the previous setting.
+// GEMM itself (see cutlass_nn/grad_accumulation.py for when it applies). Returns the previous
+// setting.
 inline bool set_fused_wgrad_accumulation(bool enable) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("cutlass_nn::_fused_wgrad_accumulation", "")
