@@ -2,11 +2,13 @@
 
 The built-in rule picks a CUTLASS tile configuration from the problem's shape alone; it serves most
 transformer shapes, and the benchmark records where it does not. Autotune times every candidate
-configuration (128x256 and 128x128 tiles, stream-K and split-K factors, the transposed small-M
-kernels, the short-K weight-gradient kernels) on the problem's real shape, checks each candidate's
-result against the rule's, and keeps the fastest in a process-wide table, per GPU and problem
-(M, N, K, operand layouts, dtypes, bias / accumulation). Every later GEMM of that problem runs the
-kept choice; nothing changes a kept choice except :func:`clear` and :func:`load`.
+configuration (128x256, 128x192 and 128x128 tiles, stream-K and split-K factors, the transposed
+small-M kernels, the short-K and the small weight-gradient kernels; each with CUTLASS's default
+scheduler swizzle, or the rule's where it is the rule's configuration) on the problem's real
+shape, checks each candidate's result against the rule's, and keeps the fastest in a
+process-wide table, per GPU and problem (M, N, K, operand layouts, dtypes, bias / accumulation).
+Every later GEMM of that problem runs the kept choice; nothing changes a kept choice except
+:func:`clear` and :func:`load`.
 
 Off by default. Three ways to tune:
 

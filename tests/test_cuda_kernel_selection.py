@@ -443,7 +443,7 @@ def test_stream_k_split_factors(op, splits, gen):
 
 
 
-# The rule at transformer layer shapes (tokens, out, in) of the v0.8 sweeps (132-SM H100 / H200;
+# The rule at transformer layer shapes (tokens, out, in) of the v0.8 and v0.10 sweeps (132-SM H100 / H200;
 # benchmarks/NOTES.md): which configuration each GEMM of a layer gets, checked against float64.
 # Config 6 / 7: the transposed problem with 64- / 128-row token tiles; 2: 128x128 stream-K /
 # split-K / data-parallel; 3: 128x128 ping-pong; 0: 128x256 cooperative; 10: 128x192

@@ -8,7 +8,7 @@
 //                     16-byte aligned, and (for a row-broadcast bias) beta == 1; among its tile
 //                     configurations the one choose_sm90_config() names for the problem shape.
 //                     The only family with fused activation epilogues. For a small M the rule
-//                     may name a transposed configuration (4, 5): the problem is then run as
+//                     may name a transposed configuration (4-7): the problem is then run as
 //                     D^T = B^T A^T with a column-major D^T (plan_gemm), or, where that has no
 //                     kernel, with the rule's row-major choice.
 //   2. kSm80TensorOp  sm >= 80; highest alignment first (f16/bf16: 8 then 2; tf32: 4 then 1, only
@@ -230,6 +230,16 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
   return c;
 }
 
+// Whether a problem under 3/4 of a wave of 128x256 tiles (where the rule would consider the
+// transposed problem) runs on the 128x192 tile instead: its tiles fill 85-100% of one wave and
+// the row-major rule, K included (a short K keeps config 0), picks that tile.
+bool tile192_replaces_transposed(const GemmParams& p) {
+  const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
+  const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
+  return tiles256 * 4 < 3 * sms && tile192_fills_one_wave(p, sms) &&
+         choose_row_major_config(p).config == kTile192Config;
+}
+
 }  // namespace
 
 // The per-shape rule, from the configuration sweeps and benchmark runs of benchmarks/NOTES.md
@@ -302,7 +312,7 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
     return c;
   }
   const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
-  if (tiles256 * 4 < int64_t{3} * sms && !tile192_fills_one_wave(p, sms)) {
+  if (tiles256 * 4 < int64_t{3} * sms && !tile192_replaces_transposed(p)) {
     const int64_t weight_tiles = ceil_div(p.n, 64);
     int i = 3;  // 128 token rows; fewer where they hold all m rows
     while (i > 0 && kSwappedTiles[i - 1].rows >= p.m) --i;
@@ -362,11 +372,18 @@ Sm90Choice resolve_sm90(const GemmParams& p) {
     return Sm90Choice{p.fp32_math == Fp32Math::kTf32Split ? kTf32SplitConfig : kTf32Config, 0, 0};
   }
   Sm90Choice c = choose_sm90_config(p);
+  const int rule_config = c.config;
   if (has_fused_epilogue(p)) {
-    c.config = is_swapped_config(c.config) && p.sm90_config < 0 ? -1 : kActConfig;
-    return c;
+    // The 128x192 tile in place of the transposed problem counts as transposing: the plain GEMM
+    // then runs on it, followed by the activation pass.
+    const bool unfused = is_swapped_config(c.config) || tile192_replaces_transposed(p);
+    c.config = unfused && p.sm90_config < 0 ? -1 : kActConfig;
+  } else if (p.sm90_config >= 0) {
+    c.config = p.sm90_config;
   }
-  if (p.sm90_config >= 0) c.config = p.sm90_config;
+  // The rule's swizzle belongs to the rule's configuration: another one (forced, or the fused
+  // kernels') runs with CUTLASS's default unless a swizzle is forced too.
+  if (c.config != rule_config) c.swizzle = 0;
   if (p.swizzle > 0) c.swizzle = p.swizzle;
   if (p.splits > 0) c.splits = p.splits;
   return c;
@@ -468,6 +485,7 @@ namespace {
 // The selection itself, for normalized params p (d_column_major false).
 GemmPlan plan_normalized(GemmParams p) {
   const bool splits_forced = p.splits > 0;
+  const bool swizzle_forced = p.swizzle > 0;
   const Sm90Choice c = resolve_sm90(p);
   if (c.config < 0) return finish_plan(p, nullptr);  // a fused epilogue with no kernel here
   p.sm90_config = c.config;
@@ -482,17 +500,23 @@ GemmPlan plan_normalized(GemmParams p) {
     const Sm90Choice r = choose_row_major_config(p);
     p.sm90_config = r.config;
     if (!splits_forced) p.splits = r.splits;
+    if (!swizzle_forced) p.swizzle = r.swizzle;
   }
   const KernelEntry* e = select_kernel(p);
   if ((e == nullptr || e->family != KernelFamily::kSm90TmaWs) && !has_fused_epilogue(p) &&
       p.dtype_ab != DType::kFloat32) {
-    // A configuration compiled for some layouts / dtypes only (a forced one, or the short-K
-    // ones): the row-major rule's choice where that has an SM90 kernel.
+    // A configuration compiled for some layouts / dtypes only (a forced one, or the short-K and
+    // the 10-12 ones with a float32 output): the row-major rule's choice where that has an SM90
+    // kernel, else config 0 with CUTLASS's default swizzle.
     GemmParams q = p;
     const Sm90Choice r = choose_row_major_config(p);
     q.sm90_config = r.config;
     if (!splits_forced) q.splits = r.splits;
-    if (q.sm90_config == p.sm90_config) q.sm90_config = 0;
+    if (!swizzle_forced) q.swizzle = r.swizzle;
+    if (q.sm90_config == p.sm90_config) {
+      q.sm90_config = 0;
+      if (!swizzle_forced) q.swizzle = 0;
+    }
     if (q.sm90_config != p.sm90_config) {
       const KernelEntry* f = select_kernel(q);
       if (f != nullptr && f->family == KernelFamily::kSm90TmaWs) return finish_plan(q, f);

@@ -434,12 +434,13 @@ def sweep_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     variants = sweep_variants(names, args.sweep_swizzles, args.sweep_splits, args.sweep_configs)
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / f"sweep_{_slug(meta)}_{_stamp()}.json"
+    swept = list(range(len(names))) if args.sweep_configs is None else list(args.sweep_configs)
     splits_note = ""
     if list(args.sweep_splits) != [0]:
-        n_stream_k = sum(is_stream_k(n) for n in names)
+        n_stream_k = sum(is_stream_k(names[c]) for c in swept)
         splits_note = f" (x splits {args.sweep_splits} for the {n_stream_k} stream-K ones)"
     print(
-        f"cutlass_nn.bench --sweep: {meta['device']}, torch {meta['torch']}; {len(names)} "
+        f"cutlass_nn.bench --sweep: {meta['device']}, torch {meta['torch']}; {len(swept)} "
         f"configurations x swizzles {args.sweep_swizzles}{splits_note} + auto = "
         f"{len(variants)} variants, {len(plan)} (shape, op) groups, time limit "
         f"{settings.time_limit_s:.0f} s",
@@ -455,6 +456,7 @@ def sweep_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
             sleep_cycles_per_ms=timer.cycles_per_ms,
         ),
         "configs": names,
+        "swept_configs": swept,
         "swizzles": args.sweep_swizzles,
         "splits": args.sweep_splits,
         "variants": [variant_key(c, s, k) for c, s, k in variants],

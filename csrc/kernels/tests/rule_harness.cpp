@@ -1,0 +1,94 @@
+// The kernel-selection rule without a GPU: gemm_dispatch.cu compiled with a host C++ compiler, every
+// kernel launch replaced by a stub that succeeds and needs no workspace, so that plan_gemm() (the
+// rule, the transposed problem, the fallbacks, the overrides) runs on any machine. Used by
+// tests/test_gemm_rule.py; needs only the CUDA runtime header (for cudaStream_t), not a GPU or
+// CUTLASS.
+//
+// Reads one query per line from stdin:  op m n k out_f32 fused config swizzle splits sms
+//   op: fwd (A row-major, B column-major: nn.Linear's forward), dgrad (both row-major), wgrad
+//   (A column-major, B row-major); out_f32: 1 for a float32 output (bf16 otherwise); fused: 1 for
+//   a bias + ReLU epilogue; config / swizzle / splits: the overrides (-1 / 0 / 0 = the rule's);
+//   sms: the multiprocessor count.
+// Writes one line per query:  rule_config rule_swizzle rule_splits | plan_config plan_swizzle
+//   plan_splits transposed kernel_name   (kernel_name "-" where no kernel fits; plan_config -1
+//   then means the fused epilogue is left to the caller: GEMM + activation pass).
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "gemm_registry.h"
+
+namespace cutlass_nn {
+namespace kernels {
+template <class Tag>
+GemmStatus launch(const GemmParams&, void*, size_t, cudaStream_t, const char**,
+                  size_t* workspace_query) {
+  if (workspace_query != nullptr) *workspace_query = 0;
+  return GemmStatus::kSuccess;
+}
+}  // namespace kernels
+}  // namespace cutlass_nn
+
+#define CUTLASS_NN_HAS_SM90 1
+#include "../gemm_dispatch.cu"
+
+using namespace cutlass_nn::kernels;
+
+alignas(256) static char g_buffer[256];  // every operand: 256-byte aligned, never read
+
+int main() {
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string op;
+    long long m, n, k;
+    int out_f32, fused, config, swizzle, splits, sms;
+    if (!(in >> op >> m >> n >> k >> out_f32 >> fused >> config >> swizzle >> splits >> sms)) {
+      std::printf("bad query\n");
+      continue;
+    }
+    GemmParams p;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.sm = 90;
+    p.multiprocessors = sms;
+    p.dtype_ab = DType::kBFloat16;
+    p.dtype_cd = out_f32 ? DType::kFloat32 : DType::kBFloat16;
+    p.a = p.b = p.d = g_buffer;
+    if (op == "fwd") {
+      p.layout_a = Layout::kRowMajor;
+      p.layout_b = Layout::kColumnMajor;
+      p.lda = k;
+      p.ldb = k;
+    } else if (op == "dgrad") {
+      p.layout_a = Layout::kRowMajor;
+      p.layout_b = Layout::kRowMajor;
+      p.lda = k;
+      p.ldb = n;
+    } else {
+      p.layout_a = Layout::kColumnMajor;
+      p.layout_b = Layout::kRowMajor;
+      p.lda = m;
+      p.ldb = n;
+    }
+    p.ldd = n;
+    if (fused) {
+      p.activation = Activation::kReLU;
+      p.c = g_buffer;
+      p.c_row_broadcast = true;
+      p.beta = 1.0f;
+    }
+    p.sm90_config = config;
+    p.swizzle = swizzle;
+    p.splits = splits;
+    const Sm90Choice rule = choose_sm90_config(p);
+    const GemmPlan plan = plan_gemm(p);
+    std::printf("%d %d %d | %d %d %d %d %s\n", rule.config, rule.swizzle, rule.splits,
+                plan.params.sm90_config, plan.params.swizzle, plan.params.splits,
+                plan.params.d_column_major ? 1 : 0,
+                plan.name != nullptr && plan.name[0] != 0 ? plan.name : "-");
+  }
+  return 0;
+}

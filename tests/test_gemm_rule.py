@@ -1,0 +1,136 @@
+"""The SM90 kernel-selection rule (csrc/kernels/gemm_dispatch.cu) without a GPU: the dispatcher
+compiled with the host compiler against stub kernels (csrc/kernels/tests/rule_harness.cpp), so
+that which configuration, swizzle and split each GEMM gets -- and what the fallbacks and
+overrides do -- is checked on every machine with a C++ compiler and the CUDA runtime header.
+
+The GEMMs are given as (m, n, k) of the GEMM itself: a layer (tokens T, out N, in K) runs the
+forward T x N x K, the dgrad T x K x N and the wgrad N x K x T."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HARNESS = ROOT / "csrc" / "kernels" / "tests" / "rule_harness.cpp"
+SMS = 132  # H100 SXM / H200
+
+
+def _cuda_include() -> Path | None:
+    for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if base and (Path(base) / "include" / "cuda_runtime.h").is_file():
+            return Path(base) / "include"
+    return None
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory) -> Path:
+    cxx = shutil.which("g++") or shutil.which("c++")
+    include = _cuda_include()
+    if cxx is None or include is None:
+        pytest.skip("needs a host C++ compiler and the CUDA runtime header (CUDA_HOME)")
+    exe = tmp_path_factory.mktemp("rule") / "rule_harness"
+    cmd = [cxx, "-std=c++17", "-O1", f"-I{ROOT / 'csrc' / 'kernels'}", f"-I{include}",
+           str(HARNESS), "-o", str(exe)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return exe
+
+
+class Plan(NamedTuple):
+    rule: tuple[int, int, int]  # config, swizzle, splits of choose_sm90_config
+    config: int  # the plan's (-1: a fused epilogue left to the caller)
+    swizzle: int
+    splits: int
+    transposed: bool
+    kernel: str  # "-" when no kernel fits
+
+
+def plan(harness: Path, op: str, m: int, n: int, k: int, *, out_f32=False, fused=False,
+         config=-1, swizzle=0, splits=0, sms=SMS) -> Plan:
+    query = f"{op} {m} {n} {k} {int(out_f32)} {int(fused)} {config} {swizzle} {splits} {sms}\n"
+    out = subprocess.run([str(harness)], input=query, capture_output=True, text=True, check=True)
+    rule, _, rest = out.stdout.strip().partition(" | ")
+    r = tuple(int(v) for v in rule.split())
+    c, s, sp, t, name = rest.split()
+    return Plan(r, int(c), int(s), int(sp), t == "1", name)
+
+
+# (op, GEMM m, n, k) -> (config, swizzle, splits, transposed) of the plan, on a 132-SM GPU
+RULE_CASES = {
+    # the transposed small-M / few-tile problem (v0.4 / v0.8)
+    ("fwd", 512, 1024, 1024): (6, 0, 0, True),
+    ("fwd", 4096, 256, 1024): (7, 0, 0, True),  # a grouped-query key/value projection
+    ("fwd", 4096, 768, 256): (7, 0, 0, True),  # K <= 256: the 128x192 tile does not replace it
+    # small weight gradients (v0.10): whole-K 64-row ping-pong tiles
+    ("wgrad", 256, 1024, 4096): (11, 0, 0, False),  # the key/value wgrad over 4096 tokens
+    ("wgrad", 256, 1024, 512): (12, 0, 0, False),  # 64x32 tiles over at most 1024 tokens
+    ("wgrad", 768, 768, 512): (11, 0, 0, False),
+    ("wgrad", 1024, 1024, 4096): (2, 0, 2, False),  # tall output, long K: split-K stays
+    ("wgrad", 256, 1024, 16384): (2, 0, 4, False),  # beyond 8192 tokens: not measured, split-K
+    # the 128x192 tile (v0.10)
+    ("wgrad", 1024, 2816, 4096): (10, 0, 0, False),  # 120 tiles: 91% of one wave
+    ("wgrad", 2816, 1024, 4096): (2, 0, 0, False),  # taller than wide: stream-K stays
+    ("fwd", 4096, 768, 3072): (10, 4, 0, False),  # in place of the transposed problem
+    ("dgrad", 4096, 3584, 3584): (10, 0, 0, False),  # 5 waves of 192 vs 4 of 256
+    ("fwd", 16384, 128, 8192): (10, 4, 0, False),
+    ("wgrad", 3072, 768, 512): (10, 4, 0, False),  # rule: transposed, which wgrad cannot be
+    # config 0 and its swizzle (v0.10): 2 from 48 tiles along the grid's shorter side
+    ("fwd", 16384, 18944, 3584): (0, 2, 0, False),
+    ("fwd", 16384, 14336, 4096): (0, 2, 0, False),
+    ("fwd", 16384, 4096, 14336): (0, 0, 0, False),  # 16 tiles along N
+    ("fwd", 4096, 11008, 4096): (0, 0, 0, False),  # 32 tiles along M
+    ("dgrad", 4096, 11008, 4096): (0, 0, 0, False),
+    # ping-pong for short K from 512 tiles (v0.8)
+    ("fwd", 4096, 2304, 768): (3, 0, 0, False),
+}
+
+
+@pytest.mark.parametrize("case", RULE_CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}x{c[3]}")
+def test_rule_at_transformer_shapes(harness, case):
+    op, m, n, k = case
+    got = plan(harness, op, m, n, k)
+    assert (got.config, got.swizzle, got.splits, got.transposed) == RULE_CASES[case], got
+    assert got.kernel.startswith("sm90_tma_ws_bf16_bf16_"), got
+    assert ("swapab" in got.kernel) == got.transposed, got
+
+
+def test_float32_output_never_gets_the_16bit_only_configurations(harness):
+    # configurations 10-12 have kernels with the input dtype out only
+    for m, n, k in [(256, 1024, 4096), (256, 1024, 512), (1024, 2816, 4096), (3072, 768, 512)]:
+        got = plan(harness, "wgrad", m, n, k, out_f32=True)
+        assert got.config not in (10, 11, 12) and "bf16_f32_nt" in got.kernel, (m, n, k, got)
+
+
+def test_forced_configuration_runs_without_the_rules_swizzle(harness):
+    assert plan(harness, "fwd", 16384, 18944, 3584).swizzle == 2
+    forced = plan(harness, "fwd", 16384, 18944, 3584, config=3)
+    assert (forced.config, forced.swizzle) == (3, 0) and forced.kernel.endswith("pingpong")
+    both = plan(harness, "fwd", 16384, 18944, 3584, config=3, swizzle=8)
+    assert (both.config, both.swizzle) == (3, 8)
+    # the rule's own configuration forced: its swizzle stays
+    assert plan(harness, "fwd", 16384, 18944, 3584, config=0).swizzle == 2
+    assert plan(harness, "fwd", 4096, 768, 3072, config=0).swizzle == 0
+
+
+def test_forced_wgrad_only_configuration_gives_way_on_the_forward(harness):
+    for config in (11, 12):
+        got = plan(harness, "fwd", 4096, 4096, 4096, config=config)
+        assert got.config == 0 and got.kernel.endswith("128x256x64_2x1x1_coop"), got
+
+
+def test_fused_epilogue(harness):
+    # where the 128x192 tile replaces the transposed problem, the plain GEMM runs there and the
+    # caller applies the activation (no fused kernel: config -1)
+    got = plan(harness, "fwd", 4096, 768, 3072, fused=True)
+    assert (got.config, got.kernel) == (-1, "-"), got
+    # elsewhere the fused ping-pong kernels, without config 0's swizzle
+    got = plan(harness, "fwd", 16384, 18944, 3584, fused=True)
+    assert (got.config, got.swizzle) == (3, 0) and got.kernel.endswith("pingpong_relu"), got
+    got = plan(harness, "fwd", 4096, 3584, 3584, fused=True)
+    assert got.config == 3 and got.kernel.endswith("pingpong_relu"), got
