@@ -15,11 +15,15 @@ Conventions:
   ``torch.float8_e5m2``, largest 57344) and ``scale`` the float32 *dequantization* factor, one
   for the tensor (``dim=None``, a 0-dim tensor) or one per slice (``dim=d``: the absolute maximum
   over dimension ``d``, kept as a size-1 dimension so that it broadcasts). The operand's absolute
-  maximum maps onto the format's largest value.
+  maximum maps onto the format's largest value (a maximum under ``AMAX_FLOOR``, an all-zero slice
+  among them, is taken as ``AMAX_FLOOR``); scales are not rounded to powers of two.
 * ``scaled_mm(a, a_scale, b, b_scale)`` = ``(a * a_scale) @ (b * b_scale)`` in float32, plus an
   optional bias, rounded to ``out_dtype``; ``a_scale`` is one value or one per row of ``a``
   (``[M, 1]``), ``b_scale`` one value or one per column of ``b`` (``[1, N]``), the only scales
-  that factor out of the dot products.
+  that factor out of the dot products. The scales are applied to the elements before the float32
+  dot products; a kernel applies their product after accumulating, and Hopper's FP8 tensor cores
+  accumulate with fewer bits unless partial sums are promoted, so kernel tests need a tolerance
+  that grows with K, not this module's float32 one.
 * Recipes: **tensorwise** (one scale per operand; the weight is quantized once and serves the
   forward and the input gradient) and **rowwise** (per row of the activations and of the output
   gradient, per output channel of the weight; each GEMM needs its operands scaled along the axis
@@ -87,18 +91,28 @@ def quantize(x: Tensor, fmt: str = "e4m3", dim: int | None = None) -> tuple[Tens
             f"cutlass_nn.fp8_reference.quantize: argument 'x' must be a floating-point tensor "
             f"(not float8), got {got}"
         )
-    if dim is not None and not -x.dim() <= dim < max(x.dim(), 1):
+    if dim is not None and not -x.dim() <= dim < x.dim():
         raise ValueError(
             f"cutlass_nn.fp8_reference.quantize: argument 'dim' must index a dimension of the "
             f"{x.dim()}-d input, got {dim}"
         )
-    xf = x.detach().float()
-    amax = xf.abs().amax() if dim is None else xf.abs().amax(dim=dim, keepdim=True)
-    if not bool(torch.isfinite(amax).all()):
+    if not bool(torch.isfinite(x).all()):
         raise ValueError(
             "cutlass_nn.fp8_reference.quantize: argument 'x' has infinite or NaN values; FP8 "
             "scaling needs a finite absolute maximum"
         )
+    xf = x.detach().float()
+    if not bool(torch.isfinite(xf).all()):
+        raise ValueError(
+            f"cutlass_nn.fp8_reference.quantize: argument 'x' has values beyond the float32 range "
+            f"(its dtype is {x.dtype}); FP8 scales are float32"
+        )
+    if xf.numel() == 0:  # no maximum to take: the floor's scale, the shape of a reduction
+        shape = () if dim is None else tuple(1 if d == dim % x.dim() else s
+                                             for d, s in enumerate(x.shape))
+        amax = torch.zeros(shape, dtype=torch.float32, device=x.device)
+    else:
+        amax = xf.abs().amax() if dim is None else xf.abs().amax(dim=dim, keepdim=True)
     largest = torch.finfo(dtype).max
     quant_scale = largest / amax.clamp_min(AMAX_FLOOR)
     data = (xf * quant_scale).clamp(-largest, largest).to(dtype)
@@ -115,7 +129,7 @@ def _check_scale(op: str, name: str, scale: Tensor, rows: int, cols: int, per: s
     (``[1, cols]``) of its operand."""
     want = (rows, 1) if per == "row" else (1, cols)
     ok = isinstance(scale, Tensor) and scale.dtype == torch.float32 and (
-        scale.numel() == 1 or tuple(scale.shape) == want
+        tuple(scale.shape) in ((), (1,), want)
     )
     if not ok:
         got = (
@@ -124,8 +138,8 @@ def _check_scale(op: str, name: str, scale: Tensor, rows: int, cols: int, per: s
             else type(scale).__name__
         )
         raise ValueError(
-            f"cutlass_nn.fp8_reference.{op}: argument '{name}' must be a float32 tensor with one "
-            f"value or of shape {list(want)} (one per {per}), got {got}"
+            f"cutlass_nn.fp8_reference.{op}: argument '{name}' must be a float32 tensor of shape "
+            f"[] or [1] (one value) or {list(want)} (one per {per}), got {got}"
         )
 
 
@@ -152,6 +166,11 @@ def scaled_mm(
             f"cutlass_nn.fp8_reference.scaled_mm: argument 'b' must have {a.shape[1]} rows "
             f"(the columns of 'a'), got shape {list(b.shape)}"
         )
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+        raise ValueError(
+            f"cutlass_nn.fp8_reference.scaled_mm: argument 'out_dtype' must be a floating-point "
+            f"torch.dtype, got {out_dtype!r}"
+        )
     m, n = a.shape[0], b.shape[1]
     _check_scale("scaled_mm", "a_scale", a_scale, m, n, "row")
     _check_scale("scaled_mm", "b_scale", b_scale, m, n, "column")
@@ -164,6 +183,40 @@ def scaled_mm(
             )
         out = out + bias.float()
     return out.to(out_dtype)
+
+
+def _check_linear(op: str, x, weight, recipe, bias=None, grad_output=None) -> None:
+    """The arguments of linear_forward / linear_backward: ``weight`` ``[N, K]``, ``x``
+    ``[..., K]`` (at least 1-d), ``bias`` None or ``[N]``, ``grad_output`` ``[..., N]`` with
+    ``x``'s leading dimensions, floating-point tensors, ``recipe`` an Fp8Recipe."""
+
+    def fail(name: str, want: str, t) -> None:
+        got = (
+            f"a {t.dtype} tensor of shape {list(t.shape)}"
+            if isinstance(t, Tensor)
+            else type(t).__name__
+        )
+        raise ValueError(
+            f"cutlass_nn.fp8_reference.{op}: argument '{name}' must be {want}, got {got}"
+        )
+
+    if not isinstance(recipe, Fp8Recipe):
+        raise TypeError(
+            f"cutlass_nn.fp8_reference.{op}: argument 'recipe' must be an Fp8Recipe, got "
+            f"{type(recipe).__name__}"
+        )
+    if not isinstance(weight, Tensor) or weight.dim() != 2 or not weight.is_floating_point():
+        fail("weight", "a 2-d floating-point tensor [out_features, in_features]", weight)
+    n, k = weight.shape
+    if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[-1] != k or not x.is_floating_point():
+        fail("x", f"a floating-point tensor [..., {k}] (in_features last)", x)
+    if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (n,)):
+        fail("bias", f"None or a tensor of shape [{n}]", bias)
+    if grad_output is not None:
+        want = (*x.shape[:-1], n)
+        if not isinstance(grad_output, Tensor) or tuple(grad_output.shape) != want:
+            fail("grad_output", f"a tensor of shape {list(want)} (x's leading dimensions, then "
+                 "out_features)", grad_output)
 
 
 def _forward_operands(x2: Tensor, weight: Tensor, recipe: Fp8Recipe):
@@ -179,6 +232,7 @@ def linear_forward(
 ) -> Tensor:
     """``y = x W^T + b`` on e4m3 operands (``x``: ``[..., K]``, ``weight``: ``[N, K]``), in
     ``x``'s dtype."""
+    _check_linear("linear_forward", x, weight, recipe, bias=bias)
     k = weight.shape[1]
     x2 = x.reshape(-1, k)
     xq, xs, wq_t, ws_t = _forward_operands(x2, weight, recipe)
@@ -198,6 +252,7 @@ def linear_backward(
     ``recipe.grad_format``, ``x`` and ``weight`` in e4m3), the bias gradient as the float32 column
     sums of the unquantized output gradient. Rowwise: dY per row and W per input channel for
     ``dX``; dY per output channel and X per input channel for ``dW``."""
+    _check_linear("linear_backward", x, weight, recipe, grad_output=grad_output)
     n, k = weight.shape
     g2 = grad_output.reshape(-1, n)
     x2 = x.reshape(-1, k)

@@ -32,10 +32,13 @@ def _randn(gen, *shape, dtype=torch.float32, spread=False):
 
 
 def _bound(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Largest rounding error of each element: half a unit in the last place of a normal number,
-    or half the subnormal spacing (one unit of MIN_NORMAL * 2^-mantissa bits) below."""
-    sub = MIN_NORMAL[fmt] * (2.0**-3 if fmt == "e4m3" else 2.0**-2)
-    return x.abs() * REL[fmt] + sub * scale + 1e-30
+    """Largest rounding error of each element: half a unit in the last place of a normal number
+    (relative REL), or half the subnormal spacing (MIN_NORMAL * 2^-mantissa bits: 2^-9 for e4m3,
+    2^-16 for e5m2, in scaled units) below the normal range; plus the float32 rounding of the
+    dequantizing product."""
+    spacing = MIN_NORMAL[fmt] * (2.0**-3 if fmt == "e4m3" else 2.0**-2)
+    rounding = torch.maximum(x.abs() * REL[fmt], 0.5 * spacing * scale.expand_as(x))
+    return rounding * (1 + 2.0**-20) + 1e-30
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
@@ -75,12 +78,34 @@ def test_quantize_rejects_non_finite(bad, gen):
         f8.quantize(x)
 
 
+def test_quantize_beyond_float32_and_empty():
+    with pytest.raises(ValueError, match=r"argument 'x' has values beyond the float32 range"):
+        f8.quantize(torch.tensor([1.0, 1e39], dtype=torch.float64))
+    for dim, scale_shape in [(None, ()), (0, (1, 5)), (1, (0, 1))]:
+        data, scale = f8.quantize(torch.zeros(0, 5), "e4m3", dim)
+        assert data.shape == (0, 5) and tuple(scale.shape) == scale_shape
+        assert bool(torch.isfinite(scale).all())
+
+
+def test_quantize_subnormal_rounding():
+    """Values far below the slice's maximum land in the subnormal range: rounded to the nearest
+    multiple of the spacing, not flushed to zero."""
+    for fmt, spacing in [("e4m3", 2.0**-9), ("e5m2", 2.0**-16)]:
+        largest = FMT_MAX[fmt]
+        x = torch.tensor([largest, spacing, 3 * spacing, 0.4 * spacing, 0.6 * spacing])
+        data, scale = f8.quantize(x, fmt)
+        assert float(scale) == 1.0
+        assert data.float().tolist() == [largest, spacing, 3 * spacing, 0.0, spacing]
+
+
 def test_quantize_argument_errors(gen):
     x = _randn(gen, 4, 4)
     with pytest.raises(ValueError, match=r"quantize: argument 'fmt' must be one of e4m3, e5m2"):
         f8.quantize(x, "e3m4")
     with pytest.raises(ValueError, match=r"quantize: argument 'dim' must index a dimension"):
         f8.quantize(x, "e4m3", 2)
+    with pytest.raises(ValueError, match=r"quantize: argument 'dim' must index a dimension"):
+        f8.quantize(torch.tensor(1.0), "e4m3", 0)
     with pytest.raises(TypeError, match=r"quantize: argument 'x' must be a floating-point"):
         f8.quantize(torch.ones(3, dtype=torch.int32))
     with pytest.raises(TypeError, match=r"argument 'x' must be a floating-point tensor \(not"):
@@ -109,6 +134,17 @@ def test_scaled_mm_matches_float64(rowwise, gen):
     assert f8.scaled_mm(a, a_s, b, b_s).dtype == torch.bfloat16
 
 
+def test_scaled_mm_mixed_scales_and_bf16_output(gen):
+    """One operand per row, the other tensorwise; a bf16 result within one bf16 rounding of the
+    float64 product."""
+    a, a_s = f8.quantize(_randn(gen, 9, 40, spread=True), "e4m3", 1)
+    b, b_s = f8.quantize(_randn(gen, 40, 12), "e5m2")
+    out = f8.scaled_mm(a, a_s, b, b_s)
+    ref = (a.double() * a_s.double()) @ (b.double() * b_s.double())
+    tol = 2.0**-8 * ref.abs() + 1e-5 * ((a.double() * a_s).abs() @ (b.double() * b_s).abs())
+    assert out.dtype == torch.bfloat16 and bool(((out.double() - ref).abs() <= tol).all())
+
+
 def test_scaled_mm_argument_errors(gen):
     a, a_s = f8.quantize(_randn(gen, 4, 8), "e4m3", 1)
     b, b_s = f8.quantize(_randn(gen, 8, 6), "e4m3", 0)
@@ -116,12 +152,16 @@ def test_scaled_mm_argument_errors(gen):
         f8.scaled_mm(a.float(), a_s, b, b_s)
     with pytest.raises(ValueError, match=r"scaled_mm: argument 'b' must have 8 rows"):
         f8.scaled_mm(a, a_s, b[:5], b_s)
-    with pytest.raises(ValueError, match=r"argument 'a_scale' must be a float32 tensor .* \[4, 1\]"):
+    with pytest.raises(ValueError, match=r"argument 'a_scale' must be a float32 .* \[4, 1\]"):
         f8.scaled_mm(a, a_s.t(), b, b_s)
     with pytest.raises(ValueError, match=r"argument 'b_scale' .* \[1, 6\] \(one per column\)"):
         f8.scaled_mm(a, a_s, b, b_s.t())
     with pytest.raises(ValueError, match=r"argument 'bias' must have shape \[6\]"):
         f8.scaled_mm(a, a_s, b, b_s, bias=torch.ones(5))
+    with pytest.raises(ValueError, match=r"argument 'a_scale' .* got a torch.float32 tensor of "):
+        f8.scaled_mm(a, torch.ones(1, 1, 1), b, b_s)
+    with pytest.raises(ValueError, match=r"scaled_mm: argument 'out_dtype' must be a floating"):
+        f8.scaled_mm(a, a_s, b, b_s, torch.int32)
 
 
 def _deq64(x, fmt, dim):
@@ -199,7 +239,65 @@ def test_autograd_function(recipe, gen):
     assert torch.equal(b.grad, db.to(torch.bfloat16))
     assert x.grad.dtype == w.grad.dtype == b.grad.dtype == torch.bfloat16
 
-    # no gradient asked for: none computed
+    # only the weight's gradient asked for: the others are not computed
     w2 = w.detach().requires_grad_()
     f8.Fp8LinearReference.apply(x.detach(), w2, None, recipe).sum().backward()
     assert w2.grad is not None and w2.grad.shape == w.shape
+    dx, dw, db = f8.linear_backward(gy, x.detach(), w.detach(), recipe, (False, True, False))
+    assert dx is None and db is None and dw is not None
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS)
+def test_linear_bf16_against_float64(recipe, gen):
+    """bf16 operands: each result within a bf16 rounding of the float64 product of the
+    quantized operands (a 1-d input: one token)."""
+    rw = recipe.scaling == "rowwise"
+    row, col = (1, 0) if rw else (None, None)
+    x = _randn(gen, 6, 32, dtype=torch.bfloat16, spread=True)
+    w = _randn(gen, 10, 32, dtype=torch.bfloat16)
+    gy = _randn(gen, 6, 10, dtype=torch.bfloat16)
+
+    def check(got, a64, b64):
+        ref = a64 @ b64
+        tol = 2.0**-8 * ref.abs() + 1e-5 * (a64.abs() @ b64.abs())
+        assert got.dtype == torch.bfloat16 and bool(((got.double() - ref).abs() <= tol).all())
+
+    check(f8.linear_forward(x, w, None, recipe), _deq64(x, "e4m3", row), _deq64(w, "e4m3", row).t())
+    dx, dw, _ = f8.linear_backward(gy, x, w, recipe)
+    gf = recipe.grad_format
+    check(dx, _deq64(gy, gf, row), _deq64(w, "e4m3", col))
+    check(dw, _deq64(gy, gf, col).t(), _deq64(x, "e4m3", col))
+    y1 = f8.linear_forward(x[2], w, None, recipe)
+    assert y1.shape == (10,)
+    if rw:  # one row: the same scale as that row of the batch
+        assert torch.equal(y1, f8.linear_forward(x, w, None, recipe)[2])
+
+
+def test_linear_empty_batch(gen):
+    w = _randn(gen, 10, 32)
+    for recipe in RECIPES:
+        y = f8.linear_forward(torch.zeros(0, 32), w, None, recipe)
+        dx, dw, db = f8.linear_backward(torch.zeros(0, 10), torch.zeros(0, 32), w, recipe)
+        assert y.shape == (0, 10) and dx.shape == (0, 32)
+        assert torch.equal(dw, torch.zeros(10, 32)) and torch.equal(db, torch.zeros(10))
+
+
+def test_linear_argument_errors(gen):
+    x, w, gy = _randn(gen, 33, 4), _randn(gen, 6, 4), _randn(gen, 33, 6)
+    r = f8.Fp8Recipe()
+    with pytest.raises(ValueError, match=r"linear_forward: argument 'x' must be a floating-point "
+                       r"tensor \[..., 4\]"):
+        f8.linear_forward(_randn(gen, 3, 8), w, None, r)
+    with pytest.raises(TypeError, match=r"linear_forward: argument 'recipe' must be an Fp8Recipe"):
+        f8.linear_forward(x, w, None, "rowwise")
+    with pytest.raises(ValueError, match=r"linear_forward: argument 'bias' must be None or a"):
+        f8.linear_forward(x, w, torch.ones(5), r)
+    with pytest.raises(ValueError, match=r"linear_forward: argument 'weight' must be a 2-d"):
+        f8.linear_forward(x, w[0], None, r)
+    # a transposed gradient of the same size, or one with other leading dimensions
+    with pytest.raises(ValueError, match=r"linear_backward: argument 'grad_output' must be a "
+                       r"tensor of shape \[33, 6\]"):
+        f8.linear_backward(gy.t(), x, w, r)
+    with pytest.raises(ValueError, match=r"argument 'grad_output' .* got a torch.float32 tensor "
+                       r"of shape \[3, 11, 6\]"):
+        f8.linear_backward(gy.reshape(3, 11, 6), x, w, r)

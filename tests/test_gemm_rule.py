@@ -37,7 +37,7 @@ def harness(tmp_path_factory) -> Path:
     exe = tmp_path_factory.mktemp("rule") / "rule_harness"
     cmd = [cxx, "-std=c++17", "-O1", f"-I{ROOT / 'csrc' / 'kernels'}", f"-I{include}",
            str(HARNESS), "-o", str(exe)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     return exe
 
