@@ -124,6 +124,13 @@ def dequantize(data: Tensor, scale: Tensor) -> Tensor:
     return data.float() * scale
 
 
+def _describe(value) -> str:
+    """What an argument is, for error messages: a tensor's dtype and shape, else its type."""
+    if isinstance(value, Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    return type(value).__name__
+
+
 def _check_scale(op: str, name: str, scale: Tensor, rows: int, cols: int, per: str) -> None:
     """A scale is one value, or one per row (``per == "row"``: ``[rows, 1]``) or per column
     (``[1, cols]``) of its operand."""
@@ -132,14 +139,9 @@ def _check_scale(op: str, name: str, scale: Tensor, rows: int, cols: int, per: s
         tuple(scale.shape) in ((), (1,), want)
     )
     if not ok:
-        got = (
-            f"a {scale.dtype} tensor of shape {list(scale.shape)}"
-            if isinstance(scale, Tensor)
-            else type(scale).__name__
-        )
         raise ValueError(
             f"cutlass_nn.fp8_reference.{op}: argument '{name}' must be a float32 tensor of shape "
-            f"[] or [1] (one value) or {list(want)} (one per {per}), got {got}"
+            f"[] or [1] (one value) or {list(want)} (one per {per}), got {_describe(scale)}"
         )
 
 
@@ -191,13 +193,8 @@ def _check_linear(op: str, x, weight, recipe, bias=None, grad_output=None) -> No
     ``x``'s leading dimensions, floating-point tensors, ``recipe`` an Fp8Recipe."""
 
     def fail(name: str, want: str, t) -> None:
-        got = (
-            f"a {t.dtype} tensor of shape {list(t.shape)}"
-            if isinstance(t, Tensor)
-            else type(t).__name__
-        )
         raise ValueError(
-            f"cutlass_nn.fp8_reference.{op}: argument '{name}' must be {want}, got {got}"
+            f"cutlass_nn.fp8_reference.{op}: argument '{name}' must be {want}, got {_describe(t)}"
         )
 
     if not isinstance(recipe, Fp8Recipe):
