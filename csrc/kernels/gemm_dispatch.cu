@@ -144,11 +144,10 @@ Sm90Choice tile192_choice(const GemmParams& p) {
   return c;
 }
 
-// Whether the 128x192 tiles of a problem of at least 1024 rows fill 85-100% of one wave: the
-// row-major rule then beats the transposed kernels (4096 x 768 x 3072 forward: 0.95 vs 0.77).
+// Whether a problem's 128x192 tiles fill 85-100% of one wave of the SMs.
 bool tile192_fills_one_wave(const GemmParams& p, int64_t sms) {
   const int64_t tiles192 = ceil_div(p.m, 128) * ceil_div(p.n, 192);
-  return p.dtype_cd == p.dtype_ab && p.m >= 1024 && tiles192 <= sms && tiles192 * 20 >= sms * 17;
+  return tiles192 <= sms && tiles192 * 20 >= sms * 17;
 }
 
 // The rule for row-major D (see choose_sm90_config).
@@ -199,8 +198,7 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
   // tiles, 2304 x 768, 0.70 vs 0.91; taller, 2816 x 1024, 0.72-0.77 vs 0.86-0.91, and over
   // 16384 tokens 0.73-0.75 vs 1.01: results/bench_nvidia-h100-80gb-hbm3_20261125-155457.json).
   if (wgrad_layout && tiles128 * 5 <= sms * 7 && p.k >= 2048) {
-    const int64_t tiles192 = ceil_div(p.m, 128) * ceil_div(p.n, 192);
-    if (same_dtype_out && p.m <= p.n && tiles192 <= sms && tiles192 * 20 >= sms * 17) {
+    if (same_dtype_out && p.m <= p.n && tile192_fills_one_wave(p, sms)) {
       return tile192_choice(p);
     }
     c.config = 2;
@@ -231,13 +229,15 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
 }
 
 // Whether a problem under 3/4 of a wave of 128x256 tiles (where the rule would consider the
-// transposed problem) runs on the 128x192 tile instead: its tiles fill 85-100% of one wave and
-// the row-major rule, K included (a short K keeps config 0), picks that tile.
+// transposed problem) runs on the 128x192 tile instead: at least 1024 rows, the input dtype out,
+// its tiles fill 85-100% of one wave, and the row-major rule, K included (a short K keeps config
+// 0), picks that tile. The row-major rule then beats the transposed kernels (4096 x 768 x 3072
+// forward: 0.95 vs 0.77).
 bool tile192_replaces_transposed(const GemmParams& p) {
   const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
-  return tiles256 * 4 < 3 * sms && tile192_fills_one_wave(p, sms) &&
-         choose_row_major_config(p).config == kTile192Config;
+  return tiles256 * 4 < 3 * sms && p.dtype_cd == p.dtype_ab && p.m >= 1024 &&
+         tile192_fills_one_wave(p, sms) && choose_row_major_config(p).config == kTile192Config;
 }
 
 }  // namespace
