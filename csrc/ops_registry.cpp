@@ -27,6 +27,7 @@
 #include "autograd/wgrad_accumulation.h"
 
 #ifdef CUTLASS_NN_WITH_CUDA
+#include "cuda/fp8_cuda.h"
 #include "cuda/gemm_autotune.h"
 #include "cuda/gemm_binding.h"
 #endif
@@ -103,6 +104,27 @@ static std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle, int
 static std::string gemm_configs() {
 #ifdef CUTLASS_NN_WITH_CUDA
   return cuda::gemm_config_names();
+#else
+  return "";
+#endif
+}
+
+// Force one FP8 tile configuration (index into fp8_configs(), -1 = the per-shape rule); returns
+// the previous one. For the FP8 kernel tests and the benchmark.
+static int64_t set_fp8_config(int64_t config) {
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::set_fp8_config(config);
+#else
+  TORCH_CHECK(config >= -1, "cutlass_nn._set_fp8_config: argument 'config' must be >= -1, got ",
+              std::to_string(config));
+  return -1;
+#endif
+}
+
+// Names of the FP8 tile configurations, one per line, in index order ("" in the CPU flavor).
+static std::string fp8_configs() {
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::fp8_config_names();
 #else
   return "";
 #endif
@@ -295,12 +317,26 @@ TORCH_LIBRARY(cutlass_nn, m) {
       "(Tensor, Tensor)",
       tags);
 
+  // FP8 GEMM with dequantization scales: out = (a * a_scale) @ (b * b_scale) (+ bias), a [M, K]
+  // and b [K, N] float8 (float8_e4m3fn / float8_e5m2), a_scale float32 [] / [1] (one value) or
+  // [M, 1] (per row of a), b_scale [] / [1] or [1, N] (per column of b), float32 accumulation,
+  // one rounding to out_dtype (bfloat16, float16 or float32; bias of out_dtype). On Hopper, SM90
+  // FP8 kernels (the scales and bias applied in the epilogue) for e4m3 or e5m2 a and e4m3 b with
+  // K a multiple of 16; use_fast_accum lets the forward kernel skip promoting the tensor cores'
+  // partial sums (faster, less accurate over a long K). Elsewhere the same arithmetic in ATen.
+  m.def(
+      "fp8_scaled_mm(Tensor a, Tensor b, Tensor a_scale, Tensor b_scale, Tensor? bias, "
+      "ScalarType out_dtype, bool use_fast_accum) -> Tensor",
+      tags);
+
   m.def("build_info() -> str", &build_info);
   m.def("_autograd_keeps_graph() -> bool", &autograd_keeps_graph);
   m.def("_set_force_sm80(bool enable) -> bool", &set_force_sm80);
   m.def("_last_kernel_name() -> str", &last_kernel_name);
   m.def("_set_gemm_config(int config, int swizzle, int splits=0) -> int[]", &set_gemm_config);
   m.def("_gemm_configs() -> str", &gemm_configs);
+  m.def("_set_fp8_config(int config) -> int", &set_fp8_config);
+  m.def("_fp8_configs() -> str", &fp8_configs);
   m.def("_autotune_mode(int mode) -> int", &autotune_mode);
   m.def("_autotune_entries() -> (int[], float[], str[])", &autotune_entries);
   m.def("_autotune_add_entries(int[] ints, float[] floats) -> ()", &autotune_add_entries);

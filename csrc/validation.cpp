@@ -27,6 +27,8 @@ std::string dtype_name(c10::ScalarType dtype) {
     case c10::kChar: return "int8";
     case c10::kByte: return "uint8";
     case c10::kBool: return "bool";
+    case c10::kFloat8_e4m3fn: return "float8_e4m3fn";
+    case c10::kFloat8_e5m2: return "float8_e5m2";
     default: return c10::toString(dtype);
   }
 }

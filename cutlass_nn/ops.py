@@ -272,6 +272,52 @@ def gated_mlp(
     )
 
 
+def fp8_scaled_mm(
+    a: Tensor,
+    b: Tensor,
+    a_scale: Tensor,
+    b_scale: Tensor,
+    bias: Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    use_fast_accum: bool = False,
+) -> Tensor:
+    """``(a * a_scale) @ (b * b_scale) (+ bias)`` for float8 ``a`` ``[M, K]`` and ``b``
+    ``[K, N]`` (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``): ``a_scale`` float32 ``[]`` /
+    ``[1]`` (one value) or ``[M, 1]`` (one per row of ``a``), ``b_scale`` ``[]`` / ``[1]`` or
+    ``[1, N]`` (one per column of ``b``) -- the dequantization factors of
+    :func:`cutlass_nn.fp8_reference.quantize` --, float32 accumulation, one rounding to
+    ``out_dtype`` (bfloat16, float16 or float32); ``bias`` ``[N]`` of ``out_dtype``.
+
+    On Hopper with an e4m3 or e5m2 ``a``, an e4m3 ``b``, ``K`` a multiple of 16 and ``N`` of 8
+    (bfloat16 out) or 4 (float32 out), it runs cutlass_nn's SM90 FP8 kernels, which apply the
+    scales and the bias in the epilogue and promote the tensor cores' partial sums to float32
+    every 128-deep block of ``K``; ``b`` is read in place when column-major (``w.t()`` of a
+    row-major ``[N, K]`` weight), else copied so. ``use_fast_accum`` lets the e4m3 x e4m3 ->
+    bfloat16 kernel skip that promotion (faster, less accurate over a long ``K``). Every other
+    case, and the CPU, computes the same arithmetic with ATen operations (the dequantized
+    operands multiplied in float32). Not differentiable (float8 tensors carry no gradient)."""
+    return _ops.fp8_scaled_mm.default(
+        a, b, a_scale, b_scale, bias, out_dtype, bool(use_fast_accum)
+    )
+
+
+def fp8_configs() -> list[str]:
+    """Names of the SM90 FP8 tile configurations, in index order (empty in the CPU flavor)."""
+    return [n for n in _ops._fp8_configs.default().splitlines() if n]
+
+
+@contextlib.contextmanager
+def force_fp8_config(config: int) -> Iterator[None]:
+    """Within the block, every FP8 GEMM whose kernel takes the problem runs tile configuration
+    ``config`` (an index into :func:`fp8_configs`; where that configuration has no kernel for
+    the formats and output dtype, the ATen path runs). For tests and benchmarks; process-wide."""
+    previous = _ops._set_fp8_config.default(int(config))
+    try:
+        yield
+    finally:
+        _ops._set_fp8_config.default(previous)
+
+
 # ---------------------------------------------------------------------------------------------
 # Fake implementations: output metadata for FakeTensor tracing (torch.compile, export). They
 # repeat the shape checks of csrc/op_checks.cpp so that a traced program fails like eager does.
@@ -838,3 +884,68 @@ def _rotary_embedding_fake(q, k, cos, sin):
 @torch.library.register_fake("cutlass_nn::rotary_embedding_backward")
 def _rotary_embedding_backward_fake(grad_q, grad_k, cos, sin):
     return _fake_rotary("rotary_embedding_backward", "grad_q", "grad_k", grad_q, grad_k, cos, sin)
+
+
+_FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _fake_fp8_scale(name: str, scale: Tensor, a: Tensor, want: tuple[int, int], per: str) -> None:
+    ok = scale.dtype == torch.float32 and (
+        scale.dim() == 0 or tuple(scale.shape) == (1,) or tuple(scale.shape) == want
+    )
+    _check(
+        ok,
+        "fp8_scaled_mm",
+        f"argument '{name}' must be a float32 tensor of shape [] or [1] (one value) or "
+        f"[{want[0]}, {want[1]}] (one per {per}), got a {_dtype_name(scale.dtype)} tensor of "
+        f"shape {list(scale.shape)}",
+    )
+    _check(
+        scale.device == a.device,
+        "fp8_scaled_mm",
+        f"argument '{name}' must be on device {a.device} (the device of 'a'), got {scale.device}",
+    )
+
+
+@torch.library.register_fake("cutlass_nn::fp8_scaled_mm")
+def _fp8_scaled_mm_fake(a, b, a_scale, b_scale, bias, out_dtype, use_fast_accum):
+    for name, t in (("a", a), ("b", b)):
+        _check(
+            t.dim() == 2 and t.dtype in _FLOAT8_DTYPES,
+            "fp8_scaled_mm",
+            f"argument '{name}' must be a 2-d float8_e4m3fn or float8_e5m2 tensor, got a "
+            f"{_dtype_name(t.dtype)} tensor of shape {list(t.shape)}",
+        )
+    _check(
+        b.device == a.device,
+        "fp8_scaled_mm",
+        f"argument 'b' must be on device {a.device} (the device of 'a'), got {b.device}",
+    )
+    _check(
+        b.shape[0] == a.shape[1],
+        "fp8_scaled_mm",
+        f"argument 'b' must have {a.shape[1]} rows (the columns of 'a'), got shape "
+        f"{list(b.shape)}",
+    )
+    m, n = a.shape[0], b.shape[1]
+    _fake_fp8_scale("a_scale", a_scale, a, (m, 1), "row")
+    _fake_fp8_scale("b_scale", b_scale, a, (1, n), "column")
+    _check(
+        out_dtype in (torch.bfloat16, torch.float16, torch.float32),
+        "fp8_scaled_mm",
+        f"argument 'out_dtype' must be bfloat16, float16 or float32, got {_dtype_name(out_dtype)}",
+    )
+    if bias is not None:
+        _check(
+            bias.dim() == 1 and bias.shape[0] == n and bias.dtype == out_dtype,
+            "fp8_scaled_mm",
+            f"argument 'bias' must be a {_dtype_name(out_dtype)} tensor of shape [{n}] "
+            f"(out_dtype, the columns of 'b'), got a {_dtype_name(bias.dtype)} tensor of shape "
+            f"{list(bias.shape)}",
+        )
+        _check(
+            bias.device == a.device,
+            "fp8_scaled_mm",
+            f"argument 'bias' must be on device {a.device} (the device of 'a'), got {bias.device}",
+        )
+    return a.new_empty((m, n), dtype=out_dtype)

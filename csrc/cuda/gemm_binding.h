@@ -52,5 +52,9 @@ bool set_force_sm80(bool enable);
 // Name of the kernel the last gemm() on this thread ran ("" if none): for tests of dispatch.
 const char* last_kernel_name();
 
+// Records the kernel an operator outside gemm() ran (fp8_scaled_mm), for last_kernel_name().
+// `name` must outlive the process (a string literal or a registry name).
+void set_last_kernel_name(const char* name);
+
 }  // namespace cuda
 }  // namespace cutlass_nn

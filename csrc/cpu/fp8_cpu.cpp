@@ -1,0 +1,26 @@
+// CPU implementation of fp8_scaled_mm: the shared checks, then the ATen formulation of
+// csrc/fp8_aten.h (the reference the CUDA kernels are tested against). Fast accumulation is a
+// property of the GPU kernels; the CPU sums in float32 either way.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "../fp8_aten.h"
+
+namespace cutlass_nn {
+namespace {
+
+at::Tensor fp8_scaled_mm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& a_scale,
+                             const at::Tensor& b_scale, const std::optional<at::Tensor>& bias,
+                             c10::ScalarType out_dtype, bool use_fast_accum) {
+  (void)use_fast_accum;
+  check_fp8_scaled_mm_args(a, b, a_scale, b_scale, bias, out_dtype);
+  return fp8_scaled_mm_aten(a, b, a_scale, b_scale, bias, out_dtype);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cutlass_nn, CPU, m) { m.impl("fp8_scaled_mm", &fp8_scaled_mm_cpu); }
+
+}  // namespace cutlass_nn

@@ -1,0 +1,139 @@
+// CUDA implementation of fp8_scaled_mm: the SM90 FP8 kernels (csrc/kernels/fp8_gemm.h) where one
+// takes the problem, else the ATen formulation of csrc/fp8_aten.h (the same arithmetic, which the
+// CPU backend runs too). Checks and messages: csrc/fp8_aten.cpp, shared with the CPU backend.
+#include "fp8_cuda.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <optional>
+#include <string>
+
+#include "../fp8_aten.h"
+#include "../validation.h"
+#include "device_info.h"
+#include "empty_output.h"
+#include "fp8_gemm.h"
+#include "gemm_binding.h"
+
+namespace cutlass_nn {
+namespace cuda {
+namespace {
+
+std::atomic<int> g_fp8_config{-1};
+
+kernels::Fp8Format format_of(const at::Tensor& t) {
+  return t.scalar_type() == c10::kFloat8_e5m2 ? kernels::Fp8Format::kE5M2
+                                              : kernels::Fp8Format::kE4M3;
+}
+
+// A with unit column stride and rows at least K apart, as the kernels read it; else a copy.
+at::Tensor k_major_rows(const at::Tensor& a) {
+  const int64_t k = a.size(1);
+  const bool fits = (a.stride(1) == 1 || k == 1) && (a.size(0) <= 1 || a.stride(0) >= k);
+  return fits ? a : a.contiguous();
+}
+
+// B [K, N] column-major (unit row stride, columns at least K apart); else a column-major copy.
+at::Tensor k_major_columns(const at::Tensor& b) {
+  const int64_t k = b.size(0);
+  const bool fits = (b.stride(0) == 1 || k == 1) && (b.size(1) <= 1 || b.stride(1) >= k);
+  return fits ? b : b.t().contiguous().t();
+}
+
+const char* const kAtenFallback = "aten_fp8_dequantize_matmul";
+
+at::Tensor fp8_scaled_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& a_scale,
+                              const at::Tensor& b_scale, const std::optional<at::Tensor>& bias,
+                              c10::ScalarType out_dtype, bool use_fast_accum) {
+  check_fp8_scaled_mm_args(a, b, a_scale, b_scale, bias, out_dtype);
+  c10::cuda::CUDAGuard guard(a.device());
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const DeviceInfo& info = device_info(a.get_device());
+
+  const at::Tensor a_k = k_major_rows(a);
+  const at::Tensor b_k = k_major_columns(b);
+  const at::Tensor a_scale_c = a_scale.contiguous();
+  const at::Tensor b_scale_c = b_scale.contiguous();
+  std::optional<at::Tensor> bias_c;
+  if (bias.has_value() && bias->defined()) bias_c = bias->contiguous();
+  at::Tensor out = empty_output({m, n}, a.options().dtype(out_dtype));
+
+  kernels::Fp8GemmParams p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.a = a_k.data_ptr();
+  p.lda = m > 1 ? a_k.stride(0) : k;
+  p.format_a = format_of(a);
+  p.b = b_k.data_ptr();
+  p.ldb = n > 1 ? b_k.stride(1) : k;
+  p.format_b = format_of(b);
+  p.a_scale = a_scale_c.data_ptr<float>();
+  p.a_scale_per_row = fp8_scale_is_vector(a_scale);
+  p.b_scale = b_scale_c.data_ptr<float>();
+  p.b_scale_per_col = fp8_scale_is_vector(b_scale);
+  p.bias = bias_c.has_value() ? bias_c->data_ptr() : nullptr;
+  p.d = out.data_ptr();
+  p.ldd = n;
+  p.dtype_d = out_dtype == c10::kFloat ? kernels::DType::kFloat32 : kernels::DType::kBFloat16;
+  p.sm = info.sm;
+  p.multiprocessors = info.multiprocessors;
+  p.fast_accum = use_fast_accum;
+  p.config = g_fp8_config.load();
+
+  const char* name = out_dtype == c10::kHalf || m == 0 || n == 0 || k == 0
+                         ? ""
+                         : kernels::fp8_gemm_kernel_name(p);
+  if (*name == '\0') {
+    // No FP8 kernel for this problem (not an SM90 GPU, float16 out, K or N not a multiple of 16
+    // bytes, an empty dimension): the same arithmetic in ATen operations.
+    set_last_kernel_name(kAtenFallback);
+    return fp8_scaled_mm_aten(a, b, a_scale, b_scale, bias, out_dtype);
+  }
+  const size_t workspace_bytes = kernels::fp8_gemm_workspace_size(p);
+  at::Tensor workspace;
+  if (workspace_bytes > 0) {
+    workspace = empty_output({static_cast<int64_t>(workspace_bytes)}, a.options().dtype(at::kByte));
+  }
+  const char* detail = nullptr;
+  const kernels::GemmStatus status = kernels::run_fp8_gemm(
+      p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, workspace_bytes,
+      c10::cuda::getCurrentCUDAStream(a.get_device()).stream(), &detail);
+  set_last_kernel_name(name);
+  const bool has_detail = detail != nullptr && *detail != '\0';
+  TORCH_CHECK(status == kernels::GemmStatus::kSuccess, "cutlass_nn.fp8_scaled_mm: GEMM failed (",
+              kernels::gemm_status_string(status), has_detail ? ": " : "",
+              has_detail ? detail : "", ") for M=", std::to_string(m), " N=", std::to_string(n),
+              " K=", std::to_string(k), ", a ", dtype_name(a.scalar_type()), ", b ",
+              dtype_name(b.scalar_type()), ", output dtype ", dtype_name(out_dtype), ", kernel '",
+              name, "', device ", a.device().str());
+  return out;
+}
+
+}  // namespace
+
+int64_t set_fp8_config(int64_t config) {
+  TORCH_CHECK(config >= -1 && config < kernels::kFp8ConfigCount,
+              "cutlass_nn._set_fp8_config: argument 'config' must be -1 (the per-shape rule) or "
+              "an FP8 configuration index 0..", std::to_string(kernels::kFp8ConfigCount - 1),
+              ", got ", std::to_string(config));
+  return g_fp8_config.exchange(static_cast<int>(config));
+}
+
+std::string fp8_config_names() {
+  std::string names;
+  for (int i = 0; i < kernels::kFp8ConfigCount; ++i) {
+    names += kernels::fp8_config_name(i);
+    names += "\n";
+  }
+  return names;
+}
+
+TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) { m.impl("fp8_scaled_mm", &fp8_scaled_mm_cuda); }
+
+}  // namespace cuda
+}  // namespace cutlass_nn

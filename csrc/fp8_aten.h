@@ -1,0 +1,32 @@
+// fp8_scaled_mm: the argument checks every backend shares, and the operator's arithmetic written
+// with ATen operations (the CPU implementation, and the CUDA path for problems no FP8 kernel
+// takes). cutlass_nn/fp8_reference.py's scaled_mm is the same formula in Python.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace cutlass_nn {
+
+// fp8_scaled_mm(a [M, K], b [K, N], a_scale, b_scale, bias [N]?, out_dtype): a and b float8
+// (float8_e4m3fn or float8_e5m2) on one device; a_scale float32 of shape [] or [1] (one value)
+// or [M, 1] (one per row of a); b_scale float32 of shape [] or [1] or [1, N] (one per column of
+// b); both on a's device; out_dtype float16, bfloat16 or float32; bias of out_dtype. Fails with
+// a message naming the argument, what was expected and what was given.
+void check_fp8_scaled_mm_args(const at::Tensor& a, const at::Tensor& b, const at::Tensor& a_scale,
+                              const at::Tensor& b_scale, const std::optional<at::Tensor>& bias,
+                              c10::ScalarType out_dtype);
+
+// (a.float() * a_scale) @ (b.float() * b_scale) (+ bias.float()) in float32, rounded to
+// out_dtype: float32 products and sums of the dequantized operands. Arguments as checked above.
+at::Tensor fp8_scaled_mm_aten(const at::Tensor& a, const at::Tensor& b, const at::Tensor& a_scale,
+                              const at::Tensor& b_scale, const std::optional<at::Tensor>& bias,
+                              c10::ScalarType out_dtype);
+
+// Whether a scale checked above holds one value per row (a_scale [M, 1]) or column (b_scale
+// [1, N]) rather than one value. A [1, 1] scale of a one-row / one-column operand counts as per
+// row / column, which is the same arithmetic.
+inline bool fp8_scale_is_vector(const at::Tensor& scale) { return scale.dim() == 2; }
+
+}  // namespace cutlass_nn

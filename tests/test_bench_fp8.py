@@ -1,0 +1,51 @@
+"""The FP8 GEMM benchmark (``python -m cutlass_nn.bench --what fp8``) on the CPU: its operands
+are the layer's three GEMMs in the layouts both implementations take (A row-major, B
+column-major) with the recipe's scale shapes, arguments are checked, and the summary's geometric
+means and floor count are computed from the rows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cutlass_nn import fp8_reference as R
+from cutlass_nn.bench import cli, fp8
+
+
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("op", fp8.OPS)
+def test_gemm_operands_are_the_layer_gemms(op, scaling):
+    t, n, k = 32, 48, 16
+    a, sa, b, sb = fp8.gemm_operands(op, t, n, k, scaling, "e5m2", device="cpu")
+    m, nn_, kk = {"fwd": (t, n, k), "dgrad": (t, k, n), "wgrad": (n, k, t)}[op]
+    assert a.shape == (m, kk) and b.shape == (kk, nn_)
+    assert a.stride(1) == 1 and b.stride(0) == 1  # A row-major, B column-major
+    assert a.dtype == (torch.float8_e4m3fn if op == "fwd" else torch.float8_e5m2)
+    assert b.dtype == torch.float8_e4m3fn
+    if scaling == "rowwise":
+        assert sa.shape == (m, 1) and sb.shape == (1, nn_)
+    else:
+        assert sa.dim() == 0 and sb.dim() == 0
+    R.scaled_mm(a, sa, b, sb)  # the reference takes them as they are
+
+
+def test_summary():
+    rows = [
+        {"op": "fwd", "scaling": "rowwise", "ratio": 2.0, "bf16_ratio": 1.5},
+        {"op": "fwd", "scaling": "rowwise", "ratio": 0.5, "bf16_ratio": 1.5},
+        {"op": "dgrad", "scaling": "rowwise", "bf16_ratio": 1.2},  # torch could not run it
+    ]
+    s = fp8.summarize(rows)
+    assert list(s) == ["rowwise/fwd"]
+    assert math.isclose(s["rowwise/fwd"]["geomean_ratio"], 1.0)
+    assert s["rowwise/fwd"]["below_floor"] == 1 and s["rowwise/fwd"]["worst"] == 0.5
+
+
+def test_arguments():
+    args = fp8.parse_args(["--what", "fp8", "--tokens", "512", "--scalings", "rowwise"])
+    assert args.tokens == "512" and args.scalings == "rowwise"
+    with pytest.raises(SystemExit):
+        fp8.parse_args(["--scalings", "blockwise"])
+    assert cli._delegated_what(["--what", "fp8"]) == "fp8"

@@ -1,0 +1,250 @@
+"""The SM90 FP8 GEMM kernels of ``cutlass_nn.ops.fp8_scaled_mm`` against a float64 reference on
+the same quantized operands: every compiled configuration (forced), e4m3 and e5m2 ``a``,
+bfloat16 and float32 outputs, tensorwise / rowwise / mixed scales, with and without bias, odd and
+aligned shapes, operand layouts read in place or copied, fast accumulation, the ATen path for what
+no kernel takes (its result equal to the CPU backend's), empty problems, CUDA graphs and
+torch.compile.
+
+The error bound: the products of two float8 values are exact in float32, so the kernels differ
+from the float64 reference by the accumulation (the tensor cores' FP8 sums keep fewer bits than
+fp32 between promotions) and by the final rounding. Bounds are relative to the largest reference
+value: one bfloat16 half-ulp plus 1e-3 with promotion, 2e-2 with fast accumulation over K=4096;
+a wrong scale, layout or tile gives errors of order 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cutlass_nn
+from cuda_helpers import CUDA_MARKS
+from cutlass_nn import fp8_reference as R
+from cutlass_nn import ops
+
+pytestmark = CUDA_MARKS
+
+FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def is_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def quantized(rows, cols, fmt, scale_dim, seed, device="cuda"):
+    """(data, scale) of a random [rows, cols] matrix with rows of different magnitudes, quantized
+    by the reference (scale_dim None: tensorwise; 1: one scale per row; 0: per column)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=gen, dtype=torch.float64)
+    x = x * torch.exp2(torch.randint(-3, 4, (rows, 1), generator=gen).double())
+    data, scale = R.quantize(x.float(), fmt, dim=scale_dim)
+    return data.to(device), scale.to(device)
+
+
+def reference64(a, a_scale, b, b_scale, bias=None):
+    out = (a.double() * a_scale.double()) @ (b.double() * b_scale.double())
+    if bias is not None:
+        out = out + bias.double()
+    return out
+
+
+def check(out, ref, tol, what):
+    assert out.shape == ref.shape, what
+    err = (out.double() - ref).abs().max().item()
+    scale = ref.abs().max().item() or 1.0
+    assert err <= tol * scale, f"{what}: max error {err:.3e} > {tol:.1e} * {scale:.3e}"
+
+
+def tolerance(out_dtype, fast_accum=False):
+    rounding = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 0.0}[out_dtype]
+    return rounding + (2e-2 if fast_accum else 1e-3)
+
+
+def operands(m, n, k, fmt_a="e4m3", scaling="tensorwise", seed=0, bias_dtype=None):
+    """a [m, k], b [k, n] column-major (the transposed view of an [n, k] weight), scales for the
+    recipe ("tensorwise", "rowwise" or "mixed": a per row, b one value), optional bias."""
+    a_dim = None if scaling == "tensorwise" else 1
+    b_dim = 1 if scaling == "rowwise" else None
+    a, sa = quantized(m, k, fmt_a, a_dim, seed)
+    w, sw = quantized(n, k, "e4m3", b_dim, seed + 1)
+    b = w.t()
+    sb = sw.t() if sw.dim() == 2 else sw  # per output channel = per column of b: [1, n]
+    bias = None
+    if bias_dtype is not None:
+        gen = torch.Generator().manual_seed(seed + 2)
+        bias = torch.randn(n, generator=gen).to(bias_dtype).cuda()
+    return a, sa, b, sb, bias
+
+
+needs_sm90 = pytest.mark.skipif(not is_sm90(), reason="the FP8 kernels are compiled for SM90")
+
+SHAPES = [(256, 512, 384), (1, 64, 16), (77, 200, 48), (130, 264, 1040), (1024, 1024, 4096)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("config", [0, 1])
+@pytest.mark.parametrize("fmt_a", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise", "mixed"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_kernels_bf16(config, fmt_a, scaling, shape):
+    m, n, k = shape
+    a, sa, b, sb, bias = operands(m, n, k, fmt_a, scaling, seed=m + n + k, bias_dtype=torch.bfloat16)
+    for with_bias in (False, True):
+        with ops.force_fp8_config(config):
+            out = ops.fp8_scaled_mm(a, b, sa, sb, bias if with_bias else None, torch.bfloat16)
+        name = cutlass_nn.ops._ops._last_kernel_name.default()
+        assert name.startswith(f"sm90_fp8_{fmt_a}_e4m3_bf16"), name
+        assert ops.fp8_configs()[config] in name, name
+        ref = reference64(a, sa, b, sb, bias if with_bias else None)
+        check(out, ref, tolerance(torch.bfloat16), f"{name} {shape} {scaling} bias={with_bias}")
+
+
+@needs_sm90
+@pytest.mark.parametrize("fmt_a", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_kernels_float32_out(fmt_a, scaling, shape):
+    m, n, k = shape
+    a, sa, b, sb, bias = operands(m, n, k, fmt_a, scaling, seed=3 * m + k, bias_dtype=torch.float32)
+    out = ops.fp8_scaled_mm(a, b, sa, sb, bias, torch.float32)
+    name = cutlass_nn.ops._ops._last_kernel_name.default()
+    assert name.startswith(f"sm90_fp8_{fmt_a}_e4m3_f32"), name
+    check(out, reference64(a, sa, b, sb, bias), tolerance(torch.float32), f"{name} {shape}")
+
+
+@needs_sm90
+@pytest.mark.parametrize("shape", [(256, 512, 384), (512, 1024, 4096), (77, 200, 48)])
+def test_fast_accumulation(shape):
+    m, n, k = shape
+    a, sa, b, sb, bias = operands(m, n, k, "e4m3", "rowwise", seed=11, bias_dtype=torch.bfloat16)
+    out = ops.fp8_scaled_mm(a, b, sa, sb, bias, torch.bfloat16, use_fast_accum=True)
+    name = cutlass_nn.ops._ops._last_kernel_name.default()
+    assert name.endswith("_fastaccum"), name
+    check(out, reference64(a, sa, b, sb, bias), tolerance(torch.bfloat16, True), name)
+    # e5m2 a has no fast-accumulation kernel: the promoted one runs.
+    a2, sa2, *_ = operands(m, n, k, "e5m2", "rowwise", seed=12)
+    ops.fp8_scaled_mm(a2, b, sa2, sb, None, torch.bfloat16, use_fast_accum=True)
+    assert not cutlass_nn.ops._ops._last_kernel_name.default().endswith("_fastaccum")
+
+
+@needs_sm90
+def test_rule_picks_by_tile_count():
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    a, sa, b, sb, _ = operands(256, 256, 128)
+    ops.fp8_scaled_mm(a, b, sa, sb)
+    assert "pingpong" in cutlass_nn.ops._ops._last_kernel_name.default()
+    side = 128 * (int(sms**0.5) + 1)
+    a, sa, b, sb, _ = operands(side, side, 128)
+    ops.fp8_scaled_mm(a, b, sa, sb)
+    assert "coop" in cutlass_nn.ops._ops._last_kernel_name.default()
+
+
+@needs_sm90
+def test_layouts_read_in_place_or_copied():
+    m, n, k = 96, 128, 256
+    a, sa, b, sb, _ = operands(m, n, k, "e4m3", "rowwise", seed=5)
+    ref = reference64(a, sa, b, sb)
+    # a with rows further apart than K (a column slice of a wider buffer, 16-byte multiple)
+    wide = torch.zeros(m, k + 64, dtype=a.dtype, device="cuda")
+    wide[:, :k] = a
+    # b row-major [K, N] (copied to column-major), and a as a transposed view (copied)
+    cases = {
+        "a slice": (wide[:, :k], b),
+        "b row-major": (a, b.contiguous()),
+        "a transposed view": (a.t().contiguous().t(), b),
+    }
+    for what, (aa, bb) in cases.items():
+        before = (aa.clone(), bb.clone())
+        out = ops.fp8_scaled_mm(aa, bb, sa, sb)
+        assert cutlass_nn.ops._ops._last_kernel_name.default().startswith("sm90_fp8"), what
+        check(out, ref, tolerance(torch.bfloat16), what)
+        assert torch.equal(aa.view(torch.uint8), before[0].view(torch.uint8)), what
+        assert torch.equal(bb.view(torch.uint8), before[1].view(torch.uint8)), what
+
+
+@pytest.mark.parametrize(
+    "m, n, k, fmt_a, fmt_b, out_dtype",
+    [
+        (33, 40, 40, "e4m3", "e4m3", torch.bfloat16),  # K not a multiple of 16
+        (33, 12, 32, "e4m3", "e4m3", torch.bfloat16),  # N not a multiple of 8
+        (16, 64, 64, "e4m3", "e5m2", torch.bfloat16),  # e5m2 b: no kernel
+        (16, 64, 64, "e4m3", "e4m3", torch.float16),  # float16 out: no kernel
+        (0, 64, 64, "e4m3", "e4m3", torch.bfloat16),
+        (16, 64, 0, "e4m3", "e4m3", torch.bfloat16),
+    ],
+)
+def test_aten_path_matches_cpu(m, n, k, fmt_a, fmt_b, out_dtype):
+    a, sa = quantized(m, k, fmt_a, 1, 1)
+    w, sw = quantized(n, k, fmt_b, 1, 2)
+    bias = torch.randn(n).to(out_dtype).cuda()
+    out = ops.fp8_scaled_mm(a, w.t(), sa, sw.t(), bias, out_dtype)
+    assert cutlass_nn.ops._ops._last_kernel_name.default() == "aten_fp8_dequantize_matmul"
+    cpu = ops.fp8_scaled_mm(a.cpu(), w.t().cpu(), sa.cpu(), sw.t().cpu(), bias.cpu(), out_dtype)
+    ref = reference64(a, sa, w.t(), sw.t(), bias)
+    if m and n:
+        check(out, ref, tolerance(out_dtype), "aten path")
+        check(cpu.cuda(), ref, tolerance(out_dtype), "cpu")
+    assert out.shape == cpu.shape == (m, n) and out.dtype == out_dtype
+
+
+@needs_sm90
+def test_cuda_graph_and_compile():
+    a, sa, b, sb, bias = operands(128, 256, 512, "e4m3", "rowwise", seed=9, bias_dtype=torch.bfloat16)
+    eager = ops.fp8_scaled_mm(a, b, sa, sb, bias)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ops.fp8_scaled_mm(a, b, sa, sb, bias)  # first call per device outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            captured = ops.fp8_scaled_mm(a, b, sa, sb, bias)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+    def f(a, b, sa, sb, bias):
+        return ops.fp8_scaled_mm(a, b, sa, sb, bias) * 2
+
+    compiled = torch.compile(f, fullgraph=True)
+    assert torch.equal(compiled(a, b, sa, sb, bias), eager * 2)
+
+
+@needs_sm90
+def test_deterministic_and_inputs_untouched():
+    a, sa, b, sb, bias = operands(300, 512, 1024, "e5m2", "rowwise", seed=4, bias_dtype=torch.bfloat16)
+    copies = [t.clone() for t in (sa, sb, bias)]
+    first = ops.fp8_scaled_mm(a, b, sa, sb, bias)
+    second = ops.fp8_scaled_mm(a, b, sa, sb, bias)
+    assert torch.equal(first, second)
+    for t, c in zip((sa, sb, bias), copies):
+        assert torch.equal(t, c)
+
+
+def test_errors_match_cpu():
+    a, sa = quantized(8, 32, "e4m3", None, 0)
+    w, sw = quantized(16, 32, "e4m3", None, 1)
+    bad = [
+        dict(a=a.to(torch.bfloat16)),
+        dict(b=w),  # [16, 32]: 16 rows, not 32
+        dict(a_scale=torch.ones(1, 8, device="cuda")),
+        dict(b_scale=torch.ones(2, device="cuda")),
+        dict(b_scale=sw.cpu()),
+        dict(bias=torch.zeros(16, device="cuda")),  # float32 bias, bfloat16 out
+        dict(out_dtype=torch.int32),
+    ]
+    base = dict(a=a, b=w.t(), a_scale=sa, b_scale=sw, bias=None, out_dtype=torch.bfloat16)
+    for change in bad:
+        kwargs = {**base, **change}
+        with pytest.raises(RuntimeError) as cuda_err:
+            ops.fp8_scaled_mm(**kwargs)
+        cpu_kwargs = {
+            k: (v.cpu() if isinstance(v, torch.Tensor) and not (k == "b_scale" and v.device.type == "cpu") else v)
+            for k, v in kwargs.items()
+        }
+        assert "cutlass_nn.fp8_scaled_mm: argument" in str(cuda_err.value), change
+        if "b_scale" in change and change["b_scale"].device.type == "cpu":
+            continue  # the device check has no CPU counterpart
+        with pytest.raises(RuntimeError) as cpu_err:
+            ops.fp8_scaled_mm(**cpu_kwargs)
+        assert str(cpu_err.value).split("\n")[0] == str(cuda_err.value).split("\n")[0], change

@@ -1,0 +1,163 @@
+"""cutlass_nn.ops.fp8_scaled_mm on the CPU: the operator equals cutlass_nn.fp8_reference.scaled_mm
+(bitwise: both are the float32 product of the dequantized operands) for every scale shape, format
+pair and output dtype; its argument errors name the argument, and its fake implementation
+(torch.compile) fails the same way and gives the same output metadata; opcheck passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from cutlass_nn import fp8_reference as R
+from cutlass_nn import ops
+
+
+def quantized(rows, cols, fmt, dim, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=gen) * 3
+    return R.quantize(x, fmt, dim=dim)
+
+
+SCALES = {
+    "tensorwise": (None, None),
+    "rowwise": (1, 0),
+    "a_rows": (1, None),
+    "b_cols": (None, 0),
+}
+
+
+@pytest.mark.parametrize("scales", list(SCALES))
+@pytest.mark.parametrize("fmts", [("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(5, 7, 32), (1, 1, 1), (17, 33, 48)])
+def test_equals_reference(scales, fmts, out_dtype, shape):
+    m, n, k = shape
+    dim_a, dim_b = SCALES[scales]
+    a, sa = quantized(m, k, fmts[0], dim_a, 1)
+    b, sb = quantized(k, n, fmts[1], dim_b, 2)
+    bias = torch.randn(n).to(out_dtype)
+    for with_bias in (None, bias):
+        out = ops.fp8_scaled_mm(a, b, sa, sb, with_bias, out_dtype)
+        ref = R.scaled_mm(a, sa, b, sb, out_dtype, with_bias)
+        assert out.dtype == out_dtype and out.shape == (m, n)
+        assert torch.equal(out, ref)
+
+
+def test_one_element_scale_and_strided_operands():
+    a, sa = quantized(6, 32, "e4m3", None, 3)
+    b, sb = quantized(32, 10, "e4m3", None, 4)
+    want = R.scaled_mm(a, sa, b, sb)
+    # [1] scales, and b as a transposed view of a row-major [N, K] matrix
+    out = ops.fp8_scaled_mm(a, b.t().contiguous().t(), sa.reshape(1), sb.reshape(1))
+    assert torch.equal(out, want)
+
+
+def test_result_close_to_unquantized_product():
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 256, generator=gen), torch.randn(128, 256, generator=gen)
+    a, sa = R.quantize(x, "e4m3", dim=1)
+    b, sb = R.quantize(w, "e4m3", dim=1)
+    out = ops.fp8_scaled_mm(a, b.t(), sa, sb.t(), out_dtype=torch.float32)
+    exact = x @ w.t()
+    # e4m3 keeps 3 mantissa bits: relative error per operand <= 2^-4; dot products average it
+    assert (out - exact).norm() / exact.norm() < 0.06
+
+
+def _base():
+    a, sa = quantized(8, 32, "e4m3", None, 0)
+    b, sb = quantized(32, 16, "e4m3", None, 1)
+    return dict(a=a, b=b, a_scale=sa, b_scale=sb, bias=None, out_dtype=torch.bfloat16)
+
+
+BAD = [
+    ("a", dict(a=torch.zeros(8, 32)), "argument 'a' must be a 2-d float8_e4m3fn or float8_e5m2 "
+     "tensor, got a float32 tensor of shape [8, 32]"),
+    ("a_3d", dict(a=torch.zeros(2, 8, 32).to(torch.float8_e4m3fn)), "argument 'a' must be a 2-d"),
+    ("b_rows", dict(b=torch.zeros(16, 32).to(torch.float8_e4m3fn)),
+     "argument 'b' must have 32 rows (the columns of 'a'), got shape [16, 32]"),
+    ("a_scale_shape", dict(a_scale=torch.ones(1, 8)),
+     "argument 'a_scale' must be a float32 tensor of shape [] or [1] (one value) or [8, 1] (one "
+     "per row), got a float32 tensor of shape [1, 8]"),
+    ("b_scale_shape", dict(b_scale=torch.ones(16, 1)),
+     "argument 'b_scale' must be a float32 tensor of shape [] or [1] (one value) or [1, 16] (one "
+     "per column), got a float32 tensor of shape [16, 1]"),
+    ("scale_dtype", dict(a_scale=torch.ones((), dtype=torch.float64)),
+     "argument 'a_scale' must be a float32 tensor"),
+    ("out_dtype", dict(out_dtype=torch.int32),
+     "argument 'out_dtype' must be bfloat16, float16 or float32, got int32"),
+    ("bias_dtype", dict(bias=torch.zeros(16)),
+     "argument 'bias' must be a bfloat16 tensor of shape [16] (out_dtype, the columns of 'b'), "
+     "got a float32 tensor of shape [16]"),
+    ("bias_shape", dict(bias=torch.zeros(8, dtype=torch.bfloat16)), "argument 'bias' must be"),
+]
+
+
+@pytest.mark.parametrize("name, change, message", BAD, ids=[b[0] for b in BAD])
+def test_errors(name, change, message):
+    kwargs = {**_base(), **change}
+    before = {k: v.clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(RuntimeError) as err:
+        ops.fp8_scaled_mm(**kwargs)
+    assert f"cutlass_nn.fp8_scaled_mm: {message}" in str(err.value)
+    for k, v in before.items():
+        assert torch.equal(kwargs[k].view(torch.uint8) if v.dtype.itemsize == 1 else kwargs[k],
+                           v.view(torch.uint8) if v.dtype.itemsize == 1 else v), k
+    # The fake implementation (torch.compile's tracing) fails with the same message.
+    with FakeTensorMode() as mode:
+        fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+                for k, v in kwargs.items()}
+        with pytest.raises(Exception) as fake_err:
+            ops.fp8_scaled_mm(**fake)
+    assert message in str(fake_err.value)
+
+
+def test_fake_output_metadata():
+    kwargs = _base()
+    kwargs["bias"] = torch.zeros(16, dtype=torch.float32)
+    kwargs["out_dtype"] = torch.float32
+    with FakeTensorMode() as mode:
+        fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+                for k, v in kwargs.items()}
+        out = ops.fp8_scaled_mm(**fake)
+    assert out.shape == (8, 16) and out.dtype == torch.float32
+
+
+# opcheck's test_schema compares its inputs before and after the call with arithmetic that torch
+# does not implement for float8 dtypes on the CPU; the other checks run.
+OPCHECK_UTILS = ("test_faketensor", "test_aot_dispatch_dynamic", "test_autograd_registration")
+
+
+def test_opcheck():
+    kwargs = _base()
+    args = (kwargs["a"], kwargs["b"], kwargs["a_scale"], kwargs["b_scale"], None, torch.bfloat16,
+            False)
+    torch.library.opcheck(torch.ops.cutlass_nn.fp8_scaled_mm.default, args,
+                          test_utils=OPCHECK_UTILS)
+    bias = torch.randn(16).to(torch.bfloat16)
+    args = (kwargs["a"], kwargs["b"], kwargs["a_scale"], kwargs["b_scale"], bias, torch.bfloat16,
+            True)
+    torch.library.opcheck(torch.ops.cutlass_nn.fp8_scaled_mm.default, args,
+                          test_utils=OPCHECK_UTILS)
+
+
+def test_compile_fullgraph():
+    kwargs = _base()
+
+    def f(a, b, sa, sb):
+        return ops.fp8_scaled_mm(a, b, sa, sb).float().sum(dim=1)
+
+    want = f(kwargs["a"], kwargs["b"], kwargs["a_scale"], kwargs["b_scale"])
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(
+        kwargs["a"], kwargs["b"], kwargs["a_scale"], kwargs["b_scale"]
+    )
+    assert torch.equal(got, want)
+
+
+def test_configs_hooks_on_cpu_flavor_or_cuda():
+    names = ops.fp8_configs()
+    assert isinstance(names, list)
+    with ops.force_fp8_config(0):
+        pass
+    with pytest.raises(RuntimeError, match="_set_fp8_config: argument 'config'"):
+        torch.ops.cutlass_nn._set_fp8_config.default(-2)
