@@ -28,6 +28,7 @@ from cutlass_nn._version import __version__
 from cutlass_nn import ops  # loads the extension and registers fake / autograd implementations
 from cutlass_nn import functional
 from cutlass_nn import autotune
+from cutlass_nn import fp8
 from cutlass_nn.functional import (
     add2,
     add_rms_norm,
@@ -74,6 +75,7 @@ __all__ = [
     "functional",
     "fuse_lm_head",
     "fused_wgrad_accumulation",
+    "fp8",
     "fused_wgrad_accumulation_enabled",
     "gated_mlp",
     "has_cuda_kernels",

@@ -3,6 +3,7 @@ the cutlass_nn modules."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from typing import Any, Callable
@@ -10,6 +11,8 @@ from typing import Any, Callable
 from torch import nn
 
 from cutlass_nn import autotune
+from cutlass_nn import fp8
+from cutlass_nn.fp8_reference import Fp8Recipe
 from cutlass_nn.fused_decoder import can_fuse_residual_norm, fuse_residual_norm, is_fused
 from cutlass_nn.fused_head import CAUSAL_LMS, can_fuse_lm_head, fuse_lm_head
 from cutlass_nn import fused_rotary
@@ -17,6 +20,7 @@ from cutlass_nn.modules import (
     CutlassLinear,
     GatedMLP,
     RMSNorm,
+    _check_precision,
     _gated_activation_of,
     _gated_mlp_problem,
 )
@@ -72,6 +76,8 @@ def convert(
     fuse_mlp: bool = False,
     fuse_head: bool = False,
     fuse_rope: bool = False,
+    precision: str | None = None,
+    fp8_recipe: Fp8Recipe | None = None,
 ) -> nn.Module:
     """Replace, in place, every submodule whose type is exactly ``nn.Linear`` by a
     ``CutlassLinear`` sharing the same parameters (and, with ``fuse_norm``, every RMSNorm it
@@ -130,15 +136,25 @@ def convert(
             source) one :func:`cutlass_nn.functional.apply_rotary_pos_emb` call
             (:func:`cutlass_nn.fused_rotary.fuse_rotary`: the layer keeps its class, its code
             and ``state_dict``); ``filter_fn`` is asked about each such layer.
+        precision: None (default) or ``"fp8"``: the converted ``nn.Linear`` layers whose shape
+            passes :func:`cutlass_nn.fp8.eligible` (both dimensions at least
+            :data:`cutlass_nn.fp8.MIN_FEATURES` and multiples of 16) train in FP8
+            (``CutlassLinear(precision="fp8")``); the others are converted as without it. Not
+            combinable with ``fuse_mlp`` (the fused gated MLP has no FP8 form yet).
+        fp8_recipe: with ``precision="fp8"``, the :class:`cutlass_nn.fp8.Fp8Recipe` of those
+            layers (default: tensorwise, e4m3 gradients).
 
-    What was converted is logged on the ``cutlass_nn.convert`` logger (INFO).
+    What was converted is logged on the ``cutlass_nn.convert`` logger (INFO), with
+    ``precision="fp8"`` also which layers run in FP8 and which stay in their dtype.
 
     Returns:
         ``module`` (converted in place), or the new root module.
 
     Raises:
-        TypeError: ``module`` is not an ``nn.Module``, or ``filter_fn`` is not callable
-            (nothing is changed).
+        TypeError: ``module`` is not an ``nn.Module``, ``filter_fn`` is not callable, or
+            ``fp8_recipe`` is not an ``Fp8Recipe`` (nothing is changed).
+        ValueError: ``precision`` is not None or ``"fp8"``, ``fp8_recipe`` without
+            ``precision="fp8"``, or ``precision="fp8"`` with ``fuse_mlp`` (nothing is changed).
 
     Warns:
         ``UserWarning`` when no module was converted.
@@ -154,11 +170,28 @@ def convert(
             "cutlass_nn.convert: argument 'filter_fn' must be None or a callable "
             f"filter_fn(name, module) -> bool, got {type(filter_fn).__qualname__}"
         )
+    recipe = _check_precision("convert", precision, fp8_recipe)
+    if recipe is not None and fuse_mlp:
+        raise ValueError(
+            "cutlass_nn.convert: precision=\"fp8\" cannot be combined with fuse_mlp=True yet (the "
+            "fused gated MLP has no FP8 form); convert with one or the other"
+        )
+    fp8_layers: list[str] = []
+    kept_layers: list[str] = []
+
+    def linear_replacement(name: str, child: nn.Linear) -> CutlassLinear:
+        if recipe is None:
+            return CutlassLinear.from_linear(child)
+        if fp8.eligible(child.in_features, child.out_features):
+            fp8_layers.append(name)
+            return CutlassLinear.from_linear(child, precision="fp8", fp8_recipe=recipe)
+        kept_layers.append(name)
+        return CutlassLinear.from_linear(child)
 
     def replacement(name: str, child: nn.Module) -> nn.Module | None:
         """The cutlass_nn module for ``child``, or None to leave it."""
         if type(child) is nn.Linear:
-            make = CutlassLinear.from_linear
+            make = functools.partial(linear_replacement, name)
         elif fuse_norm and _is_convertible_norm(child):
             make = RMSNorm.from_module
         elif fuse_mlp and _is_convertible_mlp(child):
@@ -227,6 +260,16 @@ def convert(
         fused_layers,
         rotary_layers,
     )
+    if recipe is not None:
+        _log.info(
+            "cutlass_nn.convert: precision=\"fp8\" (%s): %d layers in FP8 (%s); %d kept in their "
+            "dtype, below the size rule of cutlass_nn.fp8.eligible (%s)",
+            recipe,
+            len(fp8_layers),
+            ", ".join(fp8_layers) or "none",
+            len(kept_layers),
+            ", ".join(kept_layers) or "none",
+        )
     if not replaced and not fused_layers and not rotary_layers:
         kinds = ["nn.Linear"] + ["RMSNorm"] * fuse_norm + ["gated MLP"] * fuse_mlp
         what = kinds[0] if len(kinds) == 1 else ", ".join(kinds[:-1]) + " or " + kinds[-1]

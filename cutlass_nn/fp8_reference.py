@@ -101,12 +101,20 @@ def quantize(x: Tensor, fmt: str = "e4m3", dim: int | None = None) -> tuple[Tens
             "cutlass_nn.fp8_reference.quantize: argument 'x' has infinite or NaN values; FP8 "
             "scaling needs a finite absolute maximum"
         )
-    xf = x.detach().float()
-    if not bool(torch.isfinite(xf).all()):
+    if not bool(torch.isfinite(x.detach().float()).all()):
         raise ValueError(
             f"cutlass_nn.fp8_reference.quantize: argument 'x' has values beyond the float32 range "
             f"(its dtype is {x.dtype}); FP8 scales are float32"
         )
+    return quantize_unchecked(x, fmt, dim)
+
+
+def quantize_unchecked(x: Tensor, fmt: str = "e4m3", dim: int | None = None) -> tuple[Tensor, Tensor]:
+    """The arithmetic of :func:`quantize` without its checks, so without a host synchronization
+    (what the FP8 layers run on every step). A non-finite value makes its slice's scale
+    infinite and its data NaN, so the GEMM's result is NaN there, not finite garbage."""
+    dtype = FORMATS[fmt]
+    xf = x.detach().float()
     if xf.numel() == 0:  # no maximum to take: the floor's scale, the shape of a reduction
         shape = () if dim is None else tuple(1 if d == dim % x.dim() else s
                                              for d, s in enumerate(x.shape))

@@ -7,7 +7,9 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from cutlass_nn import fp8 as _fp8
 from cutlass_nn import functional as F
+from cutlass_nn.fp8_reference import Fp8Recipe
 from cutlass_nn.ops import ACTIVATIONS, GATED_ACTIVATIONS
 
 _linear = torch.ops.cutlass_nn.linear.default
@@ -36,6 +38,37 @@ def _check_activation(where: str, activation) -> str | None:
         f"cutlass_nn.{where}: argument 'activation' must be None or one of {allowed}, "
         f"got {activation!r}"
     )
+
+
+#: The values of CutlassLinear's ``precision``: None (the input's dtype) or "fp8".
+PRECISIONS = (None, "fp8")
+
+
+def _check_precision(where: str, precision, recipe) -> Fp8Recipe | None:
+    """The FP8 recipe a layer keeps (None unless ``precision == "fp8"``), else an error."""
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"cutlass_nn.{where}: argument 'precision' must be None or \"fp8\", got {precision!r}"
+        )
+    if recipe is not None and not isinstance(recipe, Fp8Recipe):
+        raise TypeError(
+            f"cutlass_nn.{where}: argument 'fp8_recipe' must be None or a cutlass_nn.fp8.Fp8Recipe, "
+            f"got {type(recipe).__name__}"
+        )
+    if precision is None:
+        if recipe is not None:
+            raise ValueError(
+                f"cutlass_nn.{where}: argument 'fp8_recipe' needs precision=\"fp8\""
+            )
+        return None
+    return recipe if recipe is not None else Fp8Recipe()
+
+
+_ACTIVATION_FN = {
+    "relu": torch.nn.functional.relu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": functools.partial(torch.nn.functional.gelu, approximate="tanh"),
+}
 
 
 def _copy_hooks(src: nn.Module, dst: nn.Module) -> None:
@@ -76,6 +109,13 @@ class CutlassLinear(nn.Linear):
             ``F.gelu(approximate="tanh")``). ``"none"`` is stored as None. Kept in the
             attribute ``activation`` and shown in the ``repr``; it is not part of the
             ``state_dict``, which stays ``nn.Linear``'s.
+        precision: None (default: the GEMMs in the input's dtype) or ``"fp8"``: forward and
+            backward GEMMs on float8 operands with dynamic scaling (:func:`cutlass_nn.fp8.linear`;
+            the activation, if any, applied after the FP8 GEMM). Parameters keep their dtype and
+            the ``state_dict`` is unchanged; ``precision`` and ``fp8_recipe`` are attributes
+            shown in the ``repr``.
+        fp8_recipe: with ``precision="fp8"``, a :class:`cutlass_nn.fp8.Fp8Recipe` (default:
+            tensorwise scaling, e4m3 gradients).
 
     Shape:
         input ``[*, in_features]`` (empty batches allowed) -> output ``[*, out_features]``.
@@ -84,6 +124,9 @@ class CutlassLinear(nn.Linear):
     #: None or one of "relu", "gelu", "gelu_tanh" (a class default, so that layers pickled
     #: before the attribute existed still load).
     activation: str | None = None
+    #: None or "fp8", and the FP8 recipe (class defaults, as for ``activation``).
+    precision: str | None = None
+    fp8_recipe: Fp8Recipe | None = None
 
     def __init__(
         self,
@@ -93,13 +136,20 @@ class CutlassLinear(nn.Linear):
         device=None,
         dtype=None,
         activation: str | None = None,
+        precision: str | None = None,
+        fp8_recipe: Fp8Recipe | None = None,
     ) -> None:
         # validated first: a bad value fails before any parameter is allocated
         act = _check_activation("CutlassLinear", activation)
+        recipe = _check_precision("CutlassLinear", precision, fp8_recipe)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.activation = act
+        self.precision, self.fp8_recipe = precision, recipe
 
     def forward(self, input: Tensor) -> Tensor:
+        if self.precision == "fp8":
+            y = _fp8.linear(input, self.weight, self.bias, self.fp8_recipe)
+            return y if self.activation is None else _ACTIVATION_FN[self.activation](y)
         # One operator call (autocast, autograd and the kernel run in C++); with an activation,
         # linear_act, whose autograd kernel keeps the pre-activation when it is needed.
         if self.activation is None:
@@ -110,12 +160,20 @@ class CutlassLinear(nn.Linear):
         text = super().extra_repr()
         if self.activation is not None:
             text += f", activation={self.activation!r}"
+        if self.precision is not None:
+            text += f", precision={self.precision!r}, fp8_recipe={self.fp8_recipe!r}"
         return text
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, activation: str | None = None) -> "CutlassLinear":
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        activation: str | None = None,
+        precision: str | None = None,
+        fp8_recipe: Fp8Recipe | None = None,
+    ) -> "CutlassLinear":
         """A ``CutlassLinear`` that shares ``linear``'s parameters (no copy), with an optional
-        fused ``activation`` (as in the constructor).
+        fused ``activation`` and ``precision`` / ``fp8_recipe`` (as in the constructor).
 
         Training mode and forward hooks of ``linear`` are carried over, so swapping the module
         into a model changes nothing but the kernels that run (and, with ``activation``, adds
@@ -127,9 +185,11 @@ class CutlassLinear(nn.Linear):
                 f"got {type(linear).__name__}"
             )
         act = _check_activation("CutlassLinear.from_linear", activation)
+        recipe = _check_precision("CutlassLinear.from_linear", precision, fp8_recipe)
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.activation = act
+        layer.precision, layer.fp8_recipe = precision, recipe
         layer.in_features = linear.in_features
         layer.out_features = linear.out_features
         layer.weight = linear.weight

@@ -309,6 +309,7 @@ def run_row(
     fuse_head: bool = False,
     fuse_rope: bool = False,
     liger: bool = False,
+    fp8: str | None = None,
 ) -> dict[str, Any]:
     """Stock, then converted, on the same initial weights and batches; never raises (an
     exception is recorded as status "error")."""
@@ -336,8 +337,10 @@ def run_row(
                 if side != "cutlass_nn":
                     return model
                 example = batches[0] if autotune else None
+                fp8_args = {} if fp8 is None else dict(
+                    precision="fp8", fp8_recipe=cutlass_nn.fp8.Fp8Recipe(scaling=fp8))
                 return cutlass_nn.convert(model, example_inputs=example, fuse_norm=fuse_norm,
-                                          fuse_mlp=fuse_mlp, fuse_rope=fuse_rope,
+                                          fuse_mlp=fuse_mlp, fuse_rope=fuse_rope, **fp8_args,
                                           fuse_head=fuse_head and cutlass_nn.fused_head.can_fuse_lm_head(model))
 
             return build
@@ -593,6 +596,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--liger", action="store_true",
                    help="add a third side to the Llama rows: the stock model with Liger-Kernel's "
                    "patch (RMSNorm, SwiGLU, fused linear + cross-entropy; needs liger_kernel)")
+    p.add_argument("--fp8", choices=("tensorwise", "rowwise"), default=None,
+                   help="convert with precision='fp8' and this scaling (e4m3 gradients): the "
+                   "layers that pass cutlass_nn.fp8.eligible train in FP8")
     p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge earlier model-benchmark JSONs into one JSON + PNG (no GPU)")
     return p.parse_args(argv)
@@ -648,6 +654,7 @@ def main(argv: Sequence[str]) -> int:
     meta["fuse_head"] = bool(args.fuse_head)
     meta["fuse_rope"] = bool(args.fuse_rope)
     meta["liger"] = bool(args.liger)
+    meta["fp8"] = args.fp8
     specs = plan(args.families, args.sizes, args.modes)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"models_{bench._slug(meta)}_{bench._stamp()}"
@@ -664,7 +671,7 @@ def main(argv: Sequence[str]) -> int:
             row = run_row(spec, steps=args.steps, block=args.block, warmup=args.warmup,
                           autotune=args.autotune, fuse_norm=args.fuse_norm,
                           fuse_mlp=args.fuse_mlp, fuse_head=args.fuse_head,
-                          fuse_rope=args.fuse_rope, liger=args.liger)
+                          fuse_rope=args.fuse_rope, liger=args.liger, fp8=args.fp8)
         results["rows"].append(row)
         _write(json_path, results)
         if row["status"] == "ok":

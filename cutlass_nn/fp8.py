@@ -1,0 +1,155 @@
+"""FP8 training of linear layers: the forward and both gradients of ``y = x W^T + b`` on float8
+operands with dynamic scaling, the GEMMs on :func:`cutlass_nn.ops.fp8_scaled_mm` (cutlass_nn's
+SM90 FP8 kernels on Hopper, the same arithmetic in ATen elsewhere).
+
+The arithmetic is :mod:`cutlass_nn.fp8_reference`'s, step for step (the tests check them equal):
+each operand is quantized from its own absolute maximum on every call (``Fp8Recipe.scaling``
+"tensorwise": one scale per operand; "rowwise": per row of the activations and of the output
+gradient, per output channel of the weight, and for the backward along the axes each GEMM does
+not sum over), forward operands in e4m3, the output gradient in ``Fp8Recipe.grad_format``; float32
+accumulation; outputs in the input's dtype (the autocast dtype under ``torch.autocast``), the
+weight gradient in the weight's dtype, the bias gradient as float32 column sums of the
+unquantized output gradient. Parameters keep their dtype; nothing FP8 is stored between steps, so
+``state_dict`` is unchanged. Tensorwise saves the float8 copies of the input and weight for the
+backward (half the bytes of a 16-bit input); rowwise saves the input, which the backward
+quantizes along the other axis.
+
+Entry points: :func:`linear` (autograd), :func:`eligible` (the size rule that
+:func:`cutlass_nn.convert` applies with ``precision="fp8"``), and ``CutlassLinear(...,
+precision="fp8")``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from cutlass_nn import ops
+from cutlass_nn.fp8_reference import Fp8Recipe, quantize_unchecked
+
+__all__ = ["Fp8Recipe", "MIN_FEATURES", "eligible", "linear"]
+
+#: The smallest in_features and out_features a layer converts to FP8 with: below it the GEMM
+#: gains too little over bf16 to pay for quantizing its operands on every step (see
+#: benchmarks/NOTES.md, FP8). Both must also be multiples of 16 (the FP8 kernels read 16-byte rows).
+MIN_FEATURES = 1024
+
+
+def eligible(in_features: int, out_features: int) -> bool:
+    """Whether a linear layer of this shape runs in FP8 under ``convert(precision="fp8")``: both
+    dimensions at least :data:`MIN_FEATURES` and multiples of 16."""
+    return (
+        in_features >= MIN_FEATURES
+        and out_features >= MIN_FEATURES
+        and in_features % 16 == 0
+        and out_features % 16 == 0
+    )
+
+
+def _transposed_scale(scale: Tensor) -> Tensor:
+    return scale.t() if scale.dim() == 2 else scale
+
+
+class _Fp8Linear(torch.autograd.Function):
+    """``apply(x, weight, bias, scaling, grad_format, out_dtype)``: first order only (the
+    quantization has no useful derivative to differentiate again)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, scaling, grad_format, out_dtype):
+        n, k = weight.shape
+        x2 = x.reshape(-1, k)
+        rowwise = scaling == "rowwise"
+        per = 1 if rowwise else None
+        xq, xs = quantize_unchecked(x2, "e4m3", per)
+        wq, ws = quantize_unchecked(weight, "e4m3", per)  # [N, K], scales [N, 1] or one
+        b = None if bias is None else bias.to(out_dtype)
+        y = ops.fp8_scaled_mm(xq, wq.t(), xs, _transposed_scale(ws), b, out_dtype)
+        if rowwise:
+            ctx.save_for_backward(x2, weight)
+        else:
+            ctx.save_for_backward(xq, xs, wq, ws)
+        ctx.scaling, ctx.grad_format = scaling, grad_format
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.weight_dtype, ctx.weight_shape = weight.dtype, weight.shape
+        return y.reshape(*x.shape[:-1], n)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output):
+        n, k = ctx.weight_shape
+        g2 = grad_output.reshape(-1, n)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx = dw = db = None
+        if ctx.scaling == "rowwise":
+            x2, weight = ctx.saved_tensors
+            if need_x:
+                gq, gs = quantize_unchecked(g2, ctx.grad_format, 1)  # per row m
+                wq, ws = quantize_unchecked(weight, "e4m3", 0)  # per column k: [1, K]
+                dx = ops.fp8_scaled_mm(gq, wq, gs, ws, None, ctx.x_dtype)
+            if need_w:
+                gq, gs = quantize_unchecked(g2, ctx.grad_format, 0)  # per column n: [1, N]
+                xq, xs = quantize_unchecked(x2, "e4m3", 0)  # per column k: [1, K]
+                dw = ops.fp8_scaled_mm(gq.t(), xq, gs.t(), xs, None, ctx.weight_dtype)
+        else:
+            xq, xs, wq, ws = ctx.saved_tensors
+            if need_x or need_w:
+                gq, gs = quantize_unchecked(g2, ctx.grad_format, None)
+            if need_x:
+                dx = ops.fp8_scaled_mm(gq, wq, gs, ws, None, ctx.x_dtype)
+            if need_w:
+                dw = ops.fp8_scaled_mm(gq.t(), xq, gs, xs, None, ctx.weight_dtype)
+        if dx is not None:
+            dx = dx.reshape(ctx.x_shape)
+        if need_b and ctx.bias_dtype is not None:
+            db = g2.float().sum(0).to(ctx.bias_dtype)
+        return dx, dw, db, None, None, None
+
+
+def _check(op: str, x, weight, bias, recipe) -> None:
+    if not isinstance(recipe, Fp8Recipe):
+        raise TypeError(
+            f"cutlass_nn.fp8.{op}: argument 'recipe' must be a cutlass_nn.fp8.Fp8Recipe, got "
+            f"{type(recipe).__name__}"
+        )
+    for name, t in (("input", x), ("weight", weight)):
+        if not isinstance(t, Tensor) or not t.is_floating_point() or t.dtype.itemsize == 1:
+            got = f"a {t.dtype} tensor" if isinstance(t, Tensor) else type(t).__name__
+            raise TypeError(
+                f"cutlass_nn.fp8.{op}: argument '{name}' must be a float16, bfloat16 or float32 "
+                f"tensor, got {got}"
+            )
+    if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"cutlass_nn.fp8.{op}: argument 'input' must have a last dimension of "
+            f"{weight.shape[1] if weight.dim() == 2 else '?'} (weight [out_features, in_features] "
+            f"= {list(weight.shape)}), got shape {list(x.shape)}"
+        )
+    if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (weight.shape[0],)):
+        got = list(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
+        raise ValueError(
+            f"cutlass_nn.fp8.{op}: argument 'bias' must be None or a tensor of shape "
+            f"[{weight.shape[0]}], got {got}"
+        )
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(
+                f"cutlass_nn.fp8.{op}: argument '{name}' must be on device {x.device} (the "
+                f"device of 'input'), got {t.device}"
+            )
+
+
+def linear(
+    input: Tensor, weight: Tensor, bias: Tensor | None = None, recipe: Fp8Recipe = Fp8Recipe()
+) -> Tensor:
+    """``input @ weight.T + bias`` trained in FP8 (see the module docstring): ``input``
+    ``[*, in_features]``, ``weight`` ``[out_features, in_features]``, ``bias``
+    ``[out_features]`` or None, ``recipe`` the scaling and gradient format. The output has
+    ``input``'s dtype, or the autocast dtype inside ``torch.autocast``; gradients reach
+    ``input``, ``weight`` and ``bias`` (first order)."""
+    _check("linear", input, weight, bias, recipe)
+    out_dtype = input.dtype
+    if torch.is_autocast_enabled(input.device.type):
+        out_dtype = torch.get_autocast_dtype(input.device.type)
+    return _Fp8Linear.apply(input, weight, bias, recipe.scaling, recipe.grad_format, out_dtype)

@@ -1,0 +1,164 @@
+"""FP8 linear layers on the CPU (the ATen path of fp8_scaled_mm): cutlass_nn.fp8.linear and
+CutlassLinear(precision="fp8") equal cutlass_nn.fp8_reference's Fp8LinearReference bitwise, for
+both recipes and gradient formats, 3-d inputs, with and without bias, partial needs; the state_dict
+is nn.Linear's; convert(precision="fp8") applies the size rule and reports it; autocast gives the
+autocast dtype; torch.compile (fullgraph) traces it; bad arguments fail by name before anything
+changes."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import cutlass_nn
+from cutlass_nn import fp8
+from cutlass_nn.fp8_reference import Fp8LinearReference, Fp8Recipe
+
+RECIPES = [Fp8Recipe(s, g) for s in ("tensorwise", "rowwise") for g in ("e4m3", "e5m2")]
+
+
+def _pair(seed=0, n=48, k=32, bias=True, dtype=torch.bfloat16):
+    torch.manual_seed(seed)
+    layer = nn.Linear(k, n, bias=bias, dtype=dtype)
+    return layer
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_layer_equals_reference(recipe, bias, dtype):
+    stock = _pair(bias=bias, dtype=dtype)
+    ours = cutlass_nn.CutlassLinear.from_linear(stock, precision="fp8", fp8_recipe=recipe)
+    x = torch.randn(2, 5, 32, dtype=dtype, requires_grad=True)
+    g = torch.randn(2, 5, 48, dtype=dtype)
+    y = ours(x)
+    y.backward(g)
+    grads = (x.grad, ours.weight.grad, None if not bias else ours.bias.grad)
+    w = stock.weight.detach().clone().requires_grad_()
+    b = stock.bias.detach().clone().requires_grad_() if bias else None
+    x2 = x.detach().clone().requires_grad_()
+    y2 = Fp8LinearReference.apply(x2, w, b, recipe)
+    y2.backward(g)
+    assert torch.equal(y, y2)
+    assert torch.equal(grads[0], x2.grad) and torch.equal(grads[1], w.grad)
+    if bias:
+        assert torch.equal(grads[2], b.grad)
+
+
+def test_only_the_needed_gradients():
+    layer = cutlass_nn.CutlassLinear(32, 48, precision="fp8", dtype=torch.bfloat16)
+    layer.weight.requires_grad_(False)
+    x = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is None and layer.bias.grad is not None
+    x = torch.randn(4, 32, dtype=torch.bfloat16)  # no input gradient
+    layer.weight.requires_grad_(True)
+    layer(x).sum().backward()
+    assert layer.weight.grad is not None
+
+
+def test_close_to_bf16_layer():
+    torch.manual_seed(0)
+    stock = nn.Linear(256, 128, dtype=torch.float32)
+    ours = cutlass_nn.CutlassLinear.from_linear(stock, precision="fp8",
+                                                fp8_recipe=Fp8Recipe("rowwise"))
+    x = torch.randn(64, 256)
+    want, got = stock(x), ours(x)
+    assert ((got - want).norm() / want.norm()).item() < 0.06
+
+
+def test_state_dict_and_repr():
+    stock = _pair()
+    ours = cutlass_nn.CutlassLinear(32, 48, precision="fp8", dtype=torch.bfloat16)
+    assert list(ours.state_dict()) == list(stock.state_dict())
+    ours.load_state_dict(stock.state_dict(), strict=True)
+    stock.load_state_dict(ours.state_dict(), strict=True)
+    assert "precision='fp8'" in repr(ours) and "tensorwise" in repr(ours)
+
+
+def test_activation_after_fp8_gemm():
+    ours = cutlass_nn.CutlassLinear(32, 48, activation="gelu_tanh", precision="fp8")
+    x = torch.randn(3, 32)
+    plain = cutlass_nn.CutlassLinear.from_linear(ours, precision="fp8")
+    assert torch.equal(ours(x), torch.nn.functional.gelu(plain(x), approximate="tanh"))
+
+
+def test_autocast_gives_autocast_dtype():
+    layer = cutlass_nn.CutlassLinear(32, 48, precision="fp8")  # float32 parameters
+    x = torch.randn(4, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and layer.weight.grad.dtype == torch.float32
+
+
+def test_compile_fullgraph():
+    torch.manual_seed(0)
+    layer = cutlass_nn.CutlassLinear(32, 48, precision="fp8", dtype=torch.bfloat16)
+    x = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
+    y = layer(x)
+    y.float().square().sum().backward()
+    want = (y.detach(), x.grad.clone(), layer.weight.grad.clone())
+    x.grad = None
+    layer.weight.grad = None
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    y.float().square().sum().backward()
+    assert torch.equal(y, want[0]) and torch.equal(x.grad, want[1])
+    assert torch.equal(layer.weight.grad, want[2])
+
+
+def test_eligible():
+    assert fp8.eligible(1024, 4096) and fp8.eligible(4096, 1024)
+    assert not fp8.eligible(1024, 1000) and not fp8.eligible(768, 4096)
+    assert not fp8.eligible(1032, 4096)  # not a multiple of 16
+
+
+def test_convert_applies_the_size_rule(caplog):
+    model = nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 10))
+    with caplog.at_level(logging.INFO, logger="cutlass_nn.convert"):
+        cutlass_nn.convert(model, precision="fp8", fp8_recipe=Fp8Recipe("rowwise"))
+    assert model[0].precision == "fp8" and model[0].fp8_recipe == Fp8Recipe("rowwise")
+    assert model[2].precision is None and isinstance(model[2], cutlass_nn.CutlassLinear)
+    assert "1 layers in FP8 (0); 1 kept in their dtype" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(precision="fp16"), ValueError, "argument 'precision' must be None or \"fp8\""),
+        (dict(precision="fp8", fp8_recipe="rowwise"), TypeError, "argument 'fp8_recipe' must be"),
+        (dict(fp8_recipe=Fp8Recipe()), ValueError, "argument 'fp8_recipe' needs precision"),
+        (dict(precision="fp8", fuse_mlp=True), ValueError, "cannot be combined with fuse_mlp"),
+    ],
+)
+def test_convert_errors_change_nothing(kwargs, error, message):
+    model = nn.Sequential(nn.Linear(1024, 1024))
+    with pytest.raises(error, match=message):
+        cutlass_nn.convert(model, **kwargs)
+    assert type(model[0]) is nn.Linear
+
+
+def test_layer_errors():
+    with pytest.raises(ValueError, match="CutlassLinear: argument 'precision'"):
+        cutlass_nn.CutlassLinear(4, 4, precision="int8")
+    with pytest.raises(TypeError, match="fp8.linear: argument 'recipe'"):
+        fp8.linear(torch.randn(2, 4), torch.randn(3, 4), None, "tensorwise")
+    with pytest.raises(ValueError, match="fp8.linear: argument 'input' must have a last dimension of 4"):
+        fp8.linear(torch.randn(2, 5), torch.randn(3, 4))
+    with pytest.raises(ValueError, match="argument 'bias' must be None or a tensor of shape \\[3\\]"):
+        fp8.linear(torch.randn(2, 4), torch.randn(3, 4), torch.randn(4))
+    with pytest.raises(TypeError, match="argument 'input' must be a float16, bfloat16 or float32"):
+        fp8.linear(torch.randn(2, 4).to(torch.float8_e4m3fn), torch.randn(3, 4))
+
+
+def test_nonfinite_input_gives_nan_not_garbage():
+    layer = cutlass_nn.CutlassLinear(32, 8, precision="fp8", fp8_recipe=Fp8Recipe("rowwise"))
+    x = torch.randn(3, 32)
+    x[1, 5] = float("inf")
+    y = layer(x)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[0]).all() and torch.isfinite(y[2]).all()
