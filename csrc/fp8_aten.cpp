@@ -73,4 +73,48 @@ at::Tensor fp8_scaled_mm_aten(const at::Tensor& a, const at::Tensor& b, const at
   return out.to(out_dtype);
 }
 
+std::tuple<c10::ScalarType, int> check_fp8_quantize_args(const at::Tensor& x,
+                                                         c10::string_view format,
+                                                         c10::string_view axis) {
+  const char* op = "fp8_quantize";
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(x.dim() == 2 && (dtype == c10::kHalf || dtype == c10::kBFloat16 ||
+                               dtype == c10::kFloat),
+              "cutlass_nn.", op, ": argument 'x' must be a 2-d float16, bfloat16 or float32 "
+              "tensor, got ", describe(x));
+  TORCH_CHECK(format == "e4m3" || format == "e5m2", "cutlass_nn.", op,
+              ": argument 'format' must be \"e4m3\" or \"e5m2\", got \"", std::string(format),
+              "\"");
+  TORCH_CHECK(axis == "tensor" || axis == "row" || axis == "column", "cutlass_nn.", op,
+              ": argument 'axis' must be \"tensor\", \"row\" or \"column\", got \"",
+              std::string(axis), "\"");
+  const c10::ScalarType fp8 = format == "e4m3" ? c10::kFloat8_e4m3fn : c10::kFloat8_e5m2;
+  return {fp8, axis == "tensor" ? 0 : axis == "row" ? 1 : 2};
+}
+
+std::tuple<at::Tensor, at::Tensor> fp8_quantize_aten(const at::Tensor& x, c10::ScalarType fp8,
+                                                     int axis, bool transpose) {
+  const double largest = fp8 == c10::kFloat8_e4m3fn ? 448.0 : 57344.0;
+  const at::Tensor xf = x.to(at::kFloat);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  at::Tensor amax;
+  const auto f32 = x.options().dtype(at::kFloat);
+  if (axis == 0) {
+    amax = x.numel() == 0 ? at::zeros({}, f32) : xf.abs().amax();
+  } else if (axis == 1) {
+    amax = cols == 0 ? at::zeros({rows, 1}, f32) : xf.abs().amax({1}, /*keepdim=*/true);
+  } else {
+    amax = rows == 0 ? at::zeros({1, cols}, f32) : xf.abs().amax({0}, /*keepdim=*/true);
+  }
+  // The steps of fp8_reference.quantize_unchecked, each an ATen operation with its rounding.
+  const at::Tensor qs = amax.clamp_min(1e-12).reciprocal().mul(largest);
+  at::Tensor data = xf.mul(qs).clamp(-largest, largest).to(fp8);
+  at::Tensor scale = qs.reciprocal();
+  if (transpose) {
+    data = data.t().contiguous();
+    if (scale.dim() == 2) scale = scale.t();
+  }
+  return {data, scale};
+}
+
 }  // namespace cutlass_nn

@@ -6,6 +6,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <tuple>
+
+#include <c10/util/string_view.h>
 
 namespace cutlass_nn {
 
@@ -28,5 +31,18 @@ at::Tensor fp8_scaled_mm_aten(const at::Tensor& a, const at::Tensor& b, const at
 // [1, N]) rather than one value. A [1, 1] scale of a one-row / one-column operand counts as per
 // row / column, which is the same arithmetic.
 inline bool fp8_scale_is_vector(const at::Tensor& scale) { return scale.dim() == 2; }
+
+// fp8_quantize(x [R, C], format, axis, transpose): x a 2-d float16 / bfloat16 / float32 tensor,
+// format "e4m3" or "e5m2", axis "tensor", "row" or "column". Returns the float8 dtype and the
+// axis code (0 tensor, 1 row, 2 column, as kernels::Fp8Axis).
+std::tuple<c10::ScalarType, int> check_fp8_quantize_args(const at::Tensor& x,
+                                                         c10::string_view format,
+                                                         c10::string_view axis);
+
+// (data, scale) of cutlass_nn.fp8_reference.quantize_unchecked(x, format, dim) with dim None /
+// 1 / 0 for axis tensor / row / column: scale [] / [R, 1] / [1, C]; with transpose, data is
+// [C, R] (contiguous) and scale transposed alike ([1, R] / [C, 1]).
+std::tuple<at::Tensor, at::Tensor> fp8_quantize_aten(const at::Tensor& x, c10::ScalarType fp8,
+                                                     int axis, bool transpose);
 
 }  // namespace cutlass_nn

@@ -328,6 +328,13 @@ TORCH_LIBRARY(cutlass_nn, m) {
       "fp8_scaled_mm(Tensor a, Tensor b, Tensor a_scale, Tensor b_scale, Tensor? bias, "
       "ScalarType out_dtype, bool use_fast_accum) -> Tensor",
       tags);
+  // Dynamic FP8 quantization of a 2-d float16 / bfloat16 / float32 x: (data, scale) with
+  // x ~= data.float() * scale, the scale from the absolute maximum over the tensor ("tensor":
+  // scale []), each row ("row": [R, 1]) or each column ("column": [1, C]) mapped onto the
+  // format's largest value (format "e4m3" or "e5m2"); with transpose, data is x^T's ([C, R],
+  // contiguous) and the scale transposed alike. Bitwise cutlass_nn.fp8_reference's
+  // quantize_unchecked (two passes over x on CUDA: the maximum, then the scaled cast).
+  m.def("fp8_quantize(Tensor x, str format, str axis, bool transpose) -> (Tensor, Tensor)", tags);
 
   m.def("build_info() -> str", &build_info);
   m.def("_autograd_keeps_graph() -> bool", &autograd_keeps_graph);

@@ -10,9 +10,9 @@ not sum over), forward operands in e4m3, the output gradient in ``Fp8Recipe.grad
 accumulation; outputs in the input's dtype (the autocast dtype under ``torch.autocast``), the
 weight gradient in the weight's dtype, the bias gradient as float32 column sums of the
 unquantized output gradient. Parameters keep their dtype; nothing FP8 is stored between steps, so
-``state_dict`` is unchanged. Tensorwise saves the float8 copies of the input and weight for the
-backward (half the bytes of a 16-bit input); rowwise saves the input, which the backward
-quantizes along the other axis.
+``state_dict`` is unchanged. The backward keeps what ``nn.Linear``'s keeps (the input and the
+weight) and quantizes them again along the axes its GEMMs need
+(:func:`cutlass_nn.ops.fp8_quantize`, which writes transposed operands directly).
 
 Entry points: :func:`linear` (autograd), :func:`eligible` (the size rule that
 :func:`cutlass_nn.convert` applies with ``precision="fp8"``), and ``CutlassLinear(...,
@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from cutlass_nn import ops
-from cutlass_nn.fp8_reference import Fp8Recipe, quantize_unchecked
+from cutlass_nn.fp8_reference import Fp8Recipe
 
 __all__ = ["Fp8Recipe", "MIN_FEATURES", "eligible", "linear"]
 
@@ -53,55 +53,55 @@ def _transposed_scale(scale: Tensor) -> Tensor:
 
 class _Fp8Linear(torch.autograd.Function):
     """``apply(x, weight, bias, scaling, grad_format, out_dtype)``: first order only (the
-    quantization has no useful derivative to differentiate again)."""
+    quantization has no useful derivative to differentiate again).
+
+    Every GEMM operand comes out of :func:`cutlass_nn.ops.fp8_quantize` in the layout the FP8
+    kernels read (A row-major, B column-major, both K-major): the backward's transposed operands
+    are written transposed by the quantization itself. The backward quantizes ``x`` and the
+    weight again (deterministic: the forward's values), so only ``x`` and the weight are kept,
+    as ``nn.Linear`` keeps them."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, scaling, grad_format, out_dtype):
         n, k = weight.shape
         x2 = x.reshape(-1, k)
-        rowwise = scaling == "rowwise"
-        per = 1 if rowwise else None
-        xq, xs = quantize_unchecked(x2, "e4m3", per)
-        wq, ws = quantize_unchecked(weight, "e4m3", per)  # [N, K], scales [N, 1] or one
+        axis = "row" if scaling == "rowwise" else "tensor"
+        xq, xs = ops.fp8_quantize(x2, "e4m3", axis)
+        wq, ws = ops.fp8_quantize(weight, "e4m3", axis)  # [N, K], scales [N, 1] or one
         b = None if bias is None else bias.to(out_dtype)
         y = ops.fp8_scaled_mm(xq, wq.t(), xs, _transposed_scale(ws), b, out_dtype)
-        if rowwise:
-            ctx.save_for_backward(x2, weight)
-        else:
-            ctx.save_for_backward(xq, xs, wq, ws)
+        ctx.save_for_backward(x2, weight)
         ctx.scaling, ctx.grad_format = scaling, grad_format
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
-        ctx.weight_dtype, ctx.weight_shape = weight.dtype, weight.shape
+        ctx.weight_dtype = weight.dtype
         return y.reshape(*x.shape[:-1], n)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output):
-        n, k = ctx.weight_shape
+        x2, weight = ctx.saved_tensors
+        n = weight.shape[0]
         g2 = grad_output.reshape(-1, n)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        rowwise = ctx.scaling == "rowwise"
+        fmt = ctx.grad_format
         dx = dw = db = None
-        if ctx.scaling == "rowwise":
-            x2, weight = ctx.saved_tensors
-            if need_x:
-                gq, gs = quantize_unchecked(g2, ctx.grad_format, 1)  # per row m
-                wq, ws = quantize_unchecked(weight, "e4m3", 0)  # per column k: [1, K]
-                dx = ops.fp8_scaled_mm(gq, wq, gs, ws, None, ctx.x_dtype)
-            if need_w:
-                gq, gs = quantize_unchecked(g2, ctx.grad_format, 0)  # per column n: [1, N]
-                xq, xs = quantize_unchecked(x2, "e4m3", 0)  # per column k: [1, K]
-                dw = ops.fp8_scaled_mm(gq.t(), xq, gs.t(), xs, None, ctx.weight_dtype)
-        else:
-            xq, xs, wq, ws = ctx.saved_tensors
-            if need_x or need_w:
-                gq, gs = quantize_unchecked(g2, ctx.grad_format, None)
-            if need_x:
-                dx = ops.fp8_scaled_mm(gq, wq, gs, ws, None, ctx.x_dtype)
-            if need_w:
-                dw = ops.fp8_scaled_mm(gq.t(), xq, gs, xs, None, ctx.weight_dtype)
-        if dx is not None:
+        if need_x:
+            # dX = dY W: dY per row (or one scale), W per input channel (column) as B = W
+            # column-major, i.e. W^T [K, N] quantized per row, transposed back.
+            gq, gs = ops.fp8_quantize(g2, fmt, "row" if rowwise else "tensor")
+            wt, wts = ops.fp8_quantize(weight, "e4m3", "column" if rowwise else "tensor", True)
+            dx = ops.fp8_scaled_mm(gq, wt.t(), gs, _transposed_scale(wts), None, ctx.x_dtype)
             dx = dx.reshape(ctx.x_shape)
+        if need_w:
+            # dW = dY^T X: A = dY^T [N, T] per row (a column of dY), B = X column-major (X^T
+            # [K, T] per row, transposed back).
+            axis = "column" if rowwise else "tensor"
+            gt, gts = ops.fp8_quantize(g2, fmt, axis, True)
+            xt, xts = ops.fp8_quantize(x2, "e4m3", axis, True)
+            dw = ops.fp8_scaled_mm(gt, xt.t(), gts, _transposed_scale(xts), None,
+                                   ctx.weight_dtype)
         if need_b and ctx.bias_dtype is not None:
             db = g2.float().sum(0).to(ctx.bias_dtype)
         return dx, dw, db, None, None, None

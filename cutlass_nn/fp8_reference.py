@@ -122,7 +122,9 @@ def quantize_unchecked(x: Tensor, fmt: str = "e4m3", dim: int | None = None) -> 
     else:
         amax = xf.abs().amax() if dim is None else xf.abs().amax(dim=dim, keepdim=True)
     largest = torch.finfo(dtype).max
-    quant_scale = largest / amax.clamp_min(AMAX_FLOOR)
+    # largest / amax as torch's scalar / tensor computes it: the reciprocal, then the product
+    # (two float32 roundings; the CUDA kernel of fp8_quantize does the same, bitwise)
+    quant_scale = amax.clamp_min(AMAX_FLOOR).reciprocal() * largest
     data = (xf * quant_scale).clamp(-largest, largest).to(dtype)
     return data, quant_scale.reciprocal()
 

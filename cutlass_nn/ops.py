@@ -301,6 +301,22 @@ def fp8_scaled_mm(
     )
 
 
+def fp8_quantize(
+    x: Tensor, format: str = "e4m3", axis: str = "tensor", transpose: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Dynamic FP8 quantization of a 2-d float16 / bfloat16 / float32 ``x``: ``(data, scale)``
+    with ``x ~= data.float() * scale``, ``format`` ``"e4m3"`` (``torch.float8_e4m3fn``) or
+    ``"e5m2"``, one scale for the tensor (``axis="tensor"``: ``scale`` ``[]``), per row
+    (``"row"``: ``[R, 1]``) or per column (``"column"``: ``[1, C]``), each from its slice's
+    absolute maximum mapped onto the format's largest value. With ``transpose``, ``data`` is the
+    quantized ``x^T`` (``[C, R]``, contiguous) and ``scale`` is transposed alike: the K-major
+    operand a backward GEMM needs, written in the same pass as the cast. Bitwise
+    :func:`cutlass_nn.fp8_reference.quantize_unchecked` (the CPU computes exactly that; CUDA
+    runs two passes over ``x``: the maximum, then the scaled cast). No host synchronization; a
+    non-finite element gives its slice a non-finite scale and NaN data. Not differentiable."""
+    return _ops.fp8_quantize.default(x, format, axis, bool(transpose))
+
+
 def fp8_configs() -> list[str]:
     """Names of the SM90 FP8 tile configurations, in index order (empty in the CPU flavor)."""
     return [n for n in _ops._fp8_configs.default().splitlines() if n]
@@ -949,3 +965,27 @@ def _fp8_scaled_mm_fake(a, b, a_scale, b_scale, bias, out_dtype, use_fast_accum)
             f"argument 'bias' must be on device {a.device} (the device of 'a'), got {bias.device}",
         )
     return a.new_empty((m, n), dtype=out_dtype)
+
+
+_FP8_AXES = ("tensor", "row", "column")
+
+
+@torch.library.register_fake("cutlass_nn::fp8_quantize")
+def _fp8_quantize_fake(x, format, axis, transpose):
+    _check(
+        x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16, torch.float32),
+        "fp8_quantize",
+        f"argument 'x' must be a 2-d float16, bfloat16 or float32 tensor, got a "
+        f"{_dtype_name(x.dtype)} tensor of shape {list(x.shape)}",
+    )
+    _check(format in ("e4m3", "e5m2"), "fp8_quantize",
+           f'argument \'format\' must be "e4m3" or "e5m2", got "{format}"')
+    _check(axis in _FP8_AXES, "fp8_quantize",
+           f'argument \'axis\' must be "tensor", "row" or "column", got "{axis}"')
+    rows, cols = x.shape
+    dtype = torch.float8_e4m3fn if format == "e4m3" else torch.float8_e5m2
+    data = x.new_empty((cols, rows) if transpose else (rows, cols), dtype=dtype)
+    shape = {"tensor": (), "row": (rows, 1), "column": (1, cols)}[axis]
+    if transpose and len(shape) == 2:
+        shape = shape[::-1]
+    return data, x.new_empty(shape, dtype=torch.float32)

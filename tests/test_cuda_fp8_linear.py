@@ -52,7 +52,8 @@ def test_layer_matches_reference(recipe, dtype, tokens):
     w = stock.weight.detach().clone().requires_grad_()
     b = stock.bias.detach().clone().requires_grad_()
     y_ref, dx_ref = run(lambda t: Fp8LinearReference.apply(t, w, b, recipe), x, g)
-    tol = (2.0**-8 if dtype == torch.bfloat16 else 0.0) + 2e-3
+    # one bfloat16 ulp (both sides round their float32 results) plus the accumulation difference
+    tol = (2.0**-7 if dtype == torch.bfloat16 else 0.0) + 2e-3
     close(y, y_ref, tol, "output")
     close(dx, dx_ref, tol, "input gradient")
     close(dw, w.grad, tol, "weight gradient")

@@ -161,3 +161,76 @@ def test_configs_hooks_on_cpu_flavor_or_cuda():
         pass
     with pytest.raises(RuntimeError, match="_set_fp8_config: argument 'config'"):
         torch.ops.cutlass_nn._set_fp8_config.default(-2)
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8_quantize
+# ---------------------------------------------------------------------------------------------
+
+AXES = {"tensor": None, "row": 1, "column": 0}
+
+
+def bits(t):
+    return t.view(torch.uint8) if t.dtype.itemsize == 1 else t
+
+
+@pytest.mark.parametrize("axis", list(AXES))
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(7, 33), (1, 1), (64, 16), (0, 5), (5, 0)])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_quantize_equals_reference(axis, fmt, dtype, shape, transpose):
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(*shape, generator=gen) * torch.exp2(torch.randint(-20, 20, shape, generator=gen).float())).to(dtype)
+    data, scale = ops.fp8_quantize(x, fmt, axis, transpose)
+    want_data, want_scale = R.quantize_unchecked(x, fmt, AXES[axis])
+    if transpose:
+        want_data = want_data.t()
+        want_scale = want_scale.t() if want_scale.dim() == 2 else want_scale
+        assert data.is_contiguous()
+    assert data.dtype == want_data.dtype and data.shape == want_data.shape
+    assert scale.shape == want_scale.shape and scale.dtype == torch.float32
+    assert torch.equal(bits(data), bits(want_data.contiguous()))
+    assert torch.equal(scale, want_scale)
+
+
+def test_quantize_nonfinite_slices():
+    x = torch.randn(4, 8)
+    x[1, 2] = float("inf")
+    x[3, 0] = float("nan")
+    data, scale = ops.fp8_quantize(x, "e4m3", "row")
+    assert torch.isfinite(scale[[0, 2]]).all() and not torch.isfinite(scale[[1, 3]]).any()
+    assert torch.isnan(data[1].float()).any() and torch.isnan(data[3].float()).any()
+    assert not torch.isnan(data[[0, 2]].float()).any()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((torch.zeros(2, 3, 4), "e4m3", "row", False), "argument 'x' must be a 2-d float16"),
+        ((torch.zeros(2, 3, dtype=torch.float64), "e4m3", "row", False), "argument 'x' must be a 2-d float16, bfloat16 or float32 tensor, got a float64 tensor of shape [2, 3]"),
+        ((torch.zeros(2, 3), "e3m4", "row", False), 'argument \'format\' must be "e4m3" or "e5m2", got "e3m4"'),
+        ((torch.zeros(2, 3), "e4m3", "block", False), 'argument \'axis\' must be "tensor", "row" or "column", got "block"'),
+    ],
+)
+def test_quantize_errors(args, message):
+    with pytest.raises(RuntimeError) as err:
+        ops.fp8_quantize(*args)
+    assert f"cutlass_nn.fp8_quantize: {message}" in str(err.value)
+    with FakeTensorMode() as mode:
+        fake = (mode.from_tensor(args[0]),) + args[1:]
+        with pytest.raises(Exception) as fake_err:
+            ops.fp8_quantize(*fake)
+    assert message in str(fake_err.value)
+
+
+@pytest.mark.parametrize("axis", list(AXES))
+@pytest.mark.parametrize("transpose", [False, True])
+def test_quantize_fake_and_opcheck(axis, transpose):
+    x = torch.randn(6, 10, dtype=torch.bfloat16)
+    with FakeTensorMode() as mode:
+        d, s = ops.fp8_quantize(mode.from_tensor(x), "e5m2", axis, transpose)
+    rd, rs = ops.fp8_quantize(x, "e5m2", axis, transpose)
+    assert d.shape == rd.shape and d.dtype == rd.dtype and s.shape == rs.shape
+    torch.library.opcheck(torch.ops.cutlass_nn.fp8_quantize.default, (x, "e5m2", axis, transpose),
+                          test_utils=OPCHECK_UTILS)

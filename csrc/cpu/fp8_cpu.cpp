@@ -1,10 +1,11 @@
-// CPU implementation of fp8_scaled_mm: the shared checks, then the ATen formulation of
-// csrc/fp8_aten.h (the reference the CUDA kernels are tested against). Fast accumulation is a
-// property of the GPU kernels; the CPU sums in float32 either way.
+// CPU implementations of fp8_scaled_mm and fp8_quantize: the shared checks, then the ATen
+// formulations of csrc/fp8_aten.h (the references the CUDA kernels are tested against). Fast
+// accumulation is a property of the GPU kernels; the CPU sums in float32 either way.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <optional>
+#include <tuple>
 
 #include "../fp8_aten.h"
 
@@ -19,8 +20,17 @@ at::Tensor fp8_scaled_mm_cpu(const at::Tensor& a, const at::Tensor& b, const at:
   return fp8_scaled_mm_aten(a, b, a_scale, b_scale, bias, out_dtype);
 }
 
+std::tuple<at::Tensor, at::Tensor> fp8_quantize_cpu(const at::Tensor& x, c10::string_view format,
+                                                    c10::string_view axis, bool transpose) {
+  const auto [fp8, axis_code] = check_fp8_quantize_args(x, format, axis);
+  return fp8_quantize_aten(x, fp8, axis_code, transpose);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(cutlass_nn, CPU, m) { m.impl("fp8_scaled_mm", &fp8_scaled_mm_cpu); }
+TORCH_LIBRARY_IMPL(cutlass_nn, CPU, m) {
+  m.impl("fp8_scaled_mm", &fp8_scaled_mm_cpu);
+  m.impl("fp8_quantize", &fp8_quantize_cpu);
+}
 
 }  // namespace cutlass_nn

@@ -1,6 +1,7 @@
-// CUDA implementation of fp8_scaled_mm: the SM90 FP8 kernels (csrc/kernels/fp8_gemm.h) where one
-// takes the problem, else the ATen formulation of csrc/fp8_aten.h (the same arithmetic, which the
-// CPU backend runs too). Checks and messages: csrc/fp8_aten.cpp, shared with the CPU backend.
+// CUDA implementations of fp8_scaled_mm -- the SM90 FP8 kernels (csrc/kernels/fp8_gemm.h) where
+// one takes the problem, else the ATen formulation of csrc/fp8_aten.h (the same arithmetic, which
+// the CPU backend runs too) -- and of fp8_quantize (csrc/kernels/fp8_quantize.h, bitwise the ATen
+// formulation). Checks and messages: csrc/fp8_aten.cpp, shared with the CPU backend.
 #include "fp8_cuda.h"
 
 #include <ATen/ATen.h>
@@ -9,15 +10,21 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <algorithm>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "../fp8_aten.h"
 #include "../validation.h"
 #include "device_info.h"
 #include "empty_output.h"
 #include "fp8_gemm.h"
+#include "fp8_quantize.h"
 #include "gemm_binding.h"
+#include "kernel_dtype.h"
+#include "launch_check.h"
 
 namespace cutlass_nn {
 namespace cuda {
@@ -114,6 +121,43 @@ at::Tensor fp8_scaled_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at
   return out;
 }
 
+std::tuple<at::Tensor, at::Tensor> fp8_quantize_cuda(const at::Tensor& x_in, c10::string_view format,
+                                                     c10::string_view axis, bool transpose) {
+  const auto [fp8, axis_code] = check_fp8_quantize_args(x_in, format, axis);
+  c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const auto kaxis = static_cast<kernels::Fp8Axis>(axis_code);
+  const int64_t count = kernels::fp8_scale_count(kaxis, rows, cols);
+  at::Tensor data = empty_output(transpose ? c10::IntArrayRef{cols, rows}
+                                           : c10::IntArrayRef{rows, cols},
+                                 x.options().dtype(fp8));
+  // scale: [] / [rows, 1] / [1, cols] (transposed alike with the data)
+  std::vector<int64_t> scale_shape;
+  if (kaxis == kernels::Fp8Axis::kRow) scale_shape = transpose ? std::vector<int64_t>{1, rows}
+                                                               : std::vector<int64_t>{rows, 1};
+  if (kaxis == kernels::Fp8Axis::kColumn) scale_shape = transpose ? std::vector<int64_t>{cols, 1}
+                                                                  : std::vector<int64_t>{1, cols};
+  at::Tensor scale = empty_output(scale_shape, x.options().dtype(at::kFloat));
+  at::Tensor amax = empty_output({std::max<int64_t>(count, 1)}, x.options().dtype(at::kInt));
+  kernels::Fp8QuantizeParams p;
+  p.x = x.data_ptr();
+  p.dtype_x = kernel_dtype(x.scalar_type());
+  p.rows = rows;
+  p.cols = cols;
+  p.format = fp8 == c10::kFloat8_e4m3fn ? kernels::Fp8Format::kE4M3 : kernels::Fp8Format::kE5M2;
+  p.axis = kaxis;
+  p.transpose = transpose;
+  p.data = data.data_ptr();
+  p.scale = scale.data_ptr<float>();
+  p.amax = reinterpret_cast<uint32_t*>(amax.data_ptr<int32_t>());
+  p.multiprocessors = device_info(x.get_device()).multiprocessors;
+  check_launch("fp8_quantize",
+               kernels::launch_fp8_quantize(p, c10::cuda::getCurrentCUDAStream(x.get_device()).stream()),
+               x);
+  return {data, scale};
+}
+
 }  // namespace
 
 int64_t set_fp8_config(int64_t config) {
@@ -133,7 +177,10 @@ std::string fp8_config_names() {
   return names;
 }
 
-TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) { m.impl("fp8_scaled_mm", &fp8_scaled_mm_cuda); }
+TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
+  m.impl("fp8_scaled_mm", &fp8_scaled_mm_cuda);
+  m.impl("fp8_quantize", &fp8_quantize_cuda);
+}
 
 }  // namespace cuda
 }  // namespace cutlass_nn

@@ -34,6 +34,7 @@ struct Fp8TileConfig<0> {
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
 // 1: 64x128 tile, no cluster, ping-pong (the two consumer warpgroups alternate tiles, one's
@@ -45,6 +46,7 @@ struct Fp8TileConfig<1> {
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
 // 2: 128x256 tile, 2-CTA cluster along M, cooperative, fast accumulation (WGMMA's own FP8
@@ -55,6 +57,15 @@ struct Fp8TileConfig<2> {
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+
+// 3: config 0 with the stream-K scheduler: a long K over few output tiles (512 tokens through
+// an 18944-wide down projection: 112 tiles of 128x128, K = 18944) is split across the SMs that
+// whole tiles would leave idle, the partial sums reduced in the workspace.
+template <>
+struct Fp8TileConfig<3> : Fp8TileConfig<0> {
+  using TileScheduler = cutlass::gemm::StreamKScheduler;
 };
 
 template <Fp8Format F>
@@ -116,7 +127,7 @@ struct Fp8Gemm {
 
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                           CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+                                           CollectiveEpilogue, typename Cfg::TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   static typename Gemm::Arguments make_arguments(const Fp8GemmParams& p) {

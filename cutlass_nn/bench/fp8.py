@@ -6,7 +6,7 @@ Usage::
 
     python -m cutlass_nn.bench --what fp8 [--tokens 512,4096,16384] [--families ...]
         [--scalings tensorwise,rowwise] [--grad-format e4m3|e5m2] [--fast-accum-forward]
-        [--reps 25] [--out DIR]
+        [--reps 25] [--configs 0,1,3] [--out DIR]
 
 Per layer (N out, K in) and token count T, the three GEMMs of an FP8 linear layer on operands
 quantized as the recipe says (cutlass_nn.fp8_reference): forward ``x [T, K] @ w^T`` (e4m3 x
@@ -56,6 +56,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--fast-accum-forward", action="store_true",
                    help="both sides accumulate the forward GEMM without promotion")
     p.add_argument("--reps", type=int, default=25)
+    p.add_argument("--configs", default="",
+                   help="also time these forced FP8 tile configurations (indices into "
+                   "cutlass_nn.ops.fp8_configs(), e.g. 0,1,3) on every row: config<N>_ms")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(list(argv))
     for s in _csv(args.scalings):
@@ -104,7 +107,7 @@ def gemm_operands(op: str, t: int, n: int, k: int, scaling: str, grad_format: st
     return a, sa, xt.t(), (sxt.t() if rowwise else sxt)
 
 
-def measure_row(op, shape, scaling, grad_format, fast_accum, reps) -> dict:
+def measure_row(op, shape, scaling, grad_format, fast_accum, reps, configs=()) -> dict:
     t, n, k = shape
     m, nn_, kk = {"fwd": (t, n, k), "dgrad": (t, k, n), "wgrad": (n, k, t)}[op]
     a, sa, b, sb = gemm_operands(op, t, n, k, scaling, grad_format)
@@ -120,6 +123,12 @@ def measure_row(op, shape, scaling, grad_format, fast_accum, reps) -> dict:
     got = ours()
     row["kernel"] = torch.ops.cutlass_nn._last_kernel_name.default()
     fns = {"ours": ours, "bf16": bf16}
+    for c in configs:
+        def forced(c=c):
+            with ops.force_fp8_config(c):
+                return ops.fp8_scaled_mm(a, b, sa, sb, None, torch.bfloat16, fast)
+
+        fns[f"config{c}"] = forced
     try:
         want = theirs()
         row["rel_diff"] = ((got.float() - want.float()).norm() / want.float().norm()).item()
@@ -168,7 +177,7 @@ def main(argv: Sequence[str]) -> int:
         for shape in shapes:
             for op in OPS:
                 row = measure_row(op, shape, scaling, args.grad_format, args.fast_accum_forward,
-                                  args.reps)
+                                  args.reps, [int(c) for c in _csv(args.configs)])
                 rows.append(row)
                 ratio = f"{row['ratio']:.3f}" if "ratio" in row else "n/a"
                 print(f"{scaling:10s} {op:5s} T={shape[0]:5d} N={shape[1]:5d} K={shape[2]:5d} "

@@ -337,8 +337,7 @@ def run_row(
                 if side != "cutlass_nn":
                     return model
                 example = batches[0] if autotune else None
-                fp8_args = {} if fp8 is None else dict(
-                    precision="fp8", fp8_recipe=cutlass_nn.fp8.Fp8Recipe(scaling=fp8))
+                fp8_args = {} if fp8 is None else fp8_convert_args(fp8)
                 return cutlass_nn.convert(model, example_inputs=example, fuse_norm=fuse_norm,
                                           fuse_mlp=fuse_mlp, fuse_rope=fuse_rope, **fp8_args,
                                           fuse_head=fuse_head and cutlass_nn.fused_head.can_fuse_lm_head(model))
@@ -396,6 +395,12 @@ def run_row(
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
     return row
+
+
+def fp8_convert_args(scaling: str) -> dict[str, Any]:
+    """convert()'s arguments of an FP8 row: the LM head left alone, as the FP8 peers run."""
+    return dict(precision="fp8", fp8_recipe=cutlass_nn.fp8.Fp8Recipe(scaling=scaling),
+                filter_fn=lambda name, m: not name.endswith("lm_head"))
 
 
 def liger_available() -> bool:
@@ -598,7 +603,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    "patch (RMSNorm, SwiGLU, fused linear + cross-entropy; needs liger_kernel)")
     p.add_argument("--fp8", choices=("tensorwise", "rowwise"), default=None,
                    help="convert with precision='fp8' and this scaling (e4m3 gradients): the "
-                   "layers that pass cutlass_nn.fp8.eligible train in FP8")
+                   "layers that pass cutlass_nn.fp8.eligible train in FP8; the LM head is left "
+                   "an nn.Linear")
     p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge earlier model-benchmark JSONs into one JSON + PNG (no GPU)")
     return p.parse_args(argv)

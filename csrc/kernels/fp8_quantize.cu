@@ -1,0 +1,210 @@
+// FP8 quantization kernels (fp8_quantize.h). The absolute maximum is kept as the bits of a
+// non-negative float: for those, and for a positive NaN (fabsf clears the sign), unsigned integer
+// order is float order with NaN above infinity, so atomicMax / __reduce_max_sync on the bits take
+// the maximum and let a NaN win, as torch's amax does.
+#include "fp8_quantize.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+namespace cutlass_nn {
+namespace kernels {
+namespace {
+
+constexpr float kAmaxFloor = 1e-12f;  // cutlass_nn.fp8_reference.AMAX_FLOOR
+
+template <class T>
+__device__ __forceinline__ float load_float(const T* p, int64_t i);
+template <>
+__device__ __forceinline__ float load_float<float>(const float* p, int64_t i) {
+  return p[i];
+}
+template <>
+__device__ __forceinline__ float load_float<__half>(const __half* p, int64_t i) {
+  return __half2float(p[i]);
+}
+template <>
+__device__ __forceinline__ float load_float<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+
+__device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(fabsf(v)); }
+
+// qs = largest / clamp_min(amax, floor) as the reference computes it: the reciprocal, then the
+// product, each rounded to float32; clamp_min keeps a NaN (as torch's does).
+__device__ __forceinline__ float quant_scale(uint32_t amax_bits, float largest) {
+  const float a = __uint_as_float(amax_bits);
+  const float clamped = (a != a) ? a : (a < kAmaxFloor ? kAmaxFloor : a);
+  return __fmul_rn(__frcp_rn(clamped), largest);
+}
+
+__device__ __forceinline__ uint8_t to_fp8(float v, float qs, float largest, Fp8Format format) {
+  float s = __fmul_rn(v, qs);
+  s = s > largest ? largest : (s < -largest ? -largest : s);  // NaN passes through
+  const __nv_fp8_interpretation_t kind = format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(s, __NV_SATFINITE, kind));
+}
+
+// Maximum over one row per block (grid-stride over rows); written directly.
+template <class T>
+__global__ void amax_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                 uint32_t* __restrict__ amax) {
+  __shared__ uint32_t warp_max[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    uint32_t m = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = max(m, abs_bits(load_float(x, r * cols + c)));
+    m = __reduce_max_sync(0xffffffffu, m);
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      uint32_t w = threadIdx.x < (blockDim.x >> 5) ? warp_max[threadIdx.x] : 0u;
+      w = __reduce_max_sync(0xffffffffu, w);
+      if (threadIdx.x == 0) amax[r] = w;
+    }
+    __syncthreads();
+  }
+}
+
+// Maximum over everything: grid-stride, one atomicMax per warp.
+template <class T>
+__global__ void amax_tensor_kernel(const T* __restrict__ x, int64_t n, uint32_t* __restrict__ amax) {
+  uint32_t m = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    m = max(m, abs_bits(load_float(x, i)));
+  }
+  m = __reduce_max_sync(0xffffffffu, m);
+  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax, m);
+}
+
+// Maximum per column: 32 columns per block (threadIdx.x), rows strided over threadIdx.y and
+// gridDim.y; one atomicMax per thread.
+template <class T>
+__global__ void amax_cols_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                 uint32_t* __restrict__ amax) {
+  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  if (c >= cols) return;
+  uint32_t m = 0;
+  for (int64_t r = blockIdx.y * int64_t(blockDim.y) + threadIdx.y; r < rows;
+       r += int64_t(gridDim.y) * blockDim.y) {
+    m = max(m, abs_bits(load_float(x, r * cols + c)));
+  }
+  if (m != 0) atomicMax(amax + c, m);
+}
+
+__device__ __forceinline__ int64_t scale_index(Fp8Axis axis, int64_t r, int64_t c) {
+  return axis == Fp8Axis::kTensor ? 0 : axis == Fp8Axis::kRow ? r : c;
+}
+
+__device__ __forceinline__ void write_scales(const uint32_t* amax, float* scale, int64_t count,
+                                             float largest) {
+  const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t threads = int64_t(blockDim.x) * blockDim.y;
+  const int64_t tid = block * threads + threadIdx.y * blockDim.x + threadIdx.x;
+  const int64_t total = int64_t(gridDim.x) * gridDim.y * threads;
+  for (int64_t j = tid; j < count; j += total) scale[j] = __frcp_rn(quant_scale(amax[j], largest));
+}
+
+// data[r, c] = cast(x[r, c] * qs): rows over blocks (grid-stride), columns over threads; then the
+// scales.
+template <class T>
+__global__ void cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, Fp8Axis axis,
+                            Fp8Format format, float largest, const uint32_t* __restrict__ amax,
+                            uint8_t* __restrict__ data, float* __restrict__ scale,
+                            int64_t scale_count) {
+  const float tensor_qs = quant_scale(amax[0], largest);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float row_qs = axis == Fp8Axis::kRow ? quant_scale(amax[r], largest) : tensor_qs;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float qs = axis == Fp8Axis::kColumn ? quant_scale(amax[c], largest) : row_qs;
+      data[r * cols + c] = to_fp8(load_float(x, r * cols + c), qs, largest, format);
+    }
+  }
+  write_scales(amax, scale, scale_count, largest);
+}
+
+// data^T [cols, rows]: 32x32 tiles through shared memory (blockDim 32 x 8).
+template <class T>
+__global__ void cast_transposed_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                       Fp8Axis axis, Fp8Format format, float largest,
+                                       const uint32_t* __restrict__ amax,
+                                       uint8_t* __restrict__ data, float* __restrict__ scale,
+                                       int64_t scale_count) {
+  __shared__ uint8_t tile[32][33];
+  const float tensor_qs = quant_scale(amax[0], largest);
+  const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;
+  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+    const int64_t r = r0 + j, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) {
+      float qs = tensor_qs;
+      if (axis != Fp8Axis::kTensor) qs = quant_scale(amax[scale_index(axis, r, c)], largest);
+      tile[j][threadIdx.x] = to_fp8(load_float(x, r * cols + c), qs, largest, format);
+    }
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+    const int64_t c = c0 + j, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) data[c * rows + r] = tile[threadIdx.x][j];
+  }
+  write_scales(amax, scale, scale_count, largest);
+}
+
+template <class T>
+cudaError_t run(const Fp8QuantizeParams& p, cudaStream_t stream) {
+  const T* x = static_cast<const T*>(p.x);
+  const int64_t count = fp8_scale_count(p.axis, p.rows, p.cols);
+  const int64_t n = p.rows * p.cols;
+  const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
+  const float largest = p.format == Fp8Format::kE4M3 ? 448.0f : 57344.0f;
+  auto* data = static_cast<uint8_t*>(p.data);
+  cudaError_t err = cudaMemsetAsync(p.amax, 0, sizeof(uint32_t) * std::max<int64_t>(count, 1), stream);
+  if (err != cudaSuccess) return err;
+  if (n > 0) {
+    if (p.axis == Fp8Axis::kRow) {
+      const int threads = p.cols >= 1024 ? 512 : 128;
+      const int64_t blocks = std::min<int64_t>(p.rows, int64_t(sms) * 16);
+      amax_rows_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(x, p.rows, p.cols, p.amax);
+    } else if (p.axis == Fp8Axis::kTensor) {
+      const int64_t blocks = std::min<int64_t>((n + 255) / 256, int64_t(sms) * 8);
+      amax_tensor_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, n, p.amax);
+    } else {
+      const int64_t col_blocks = (p.cols + 31) / 32;
+      int64_t row_blocks = std::max<int64_t>(1, int64_t(sms) * 8 / col_blocks);
+      row_blocks = std::min<int64_t>(row_blocks, (p.rows + 31) / 32);
+      row_blocks = std::min<int64_t>(std::max<int64_t>(row_blocks, 1), 65535);
+      amax_cols_kernel<T><<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks)),
+                            dim3(32, 8), 0, stream>>>(x, p.rows, p.cols, p.amax);
+    }
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  if (p.transpose && n > 0) {
+    const dim3 grid(static_cast<unsigned>((p.cols + 31) / 32), static_cast<unsigned>((p.rows + 31) / 32));
+    if (grid.y > 65535) return cudaErrorInvalidConfiguration;
+    cast_transposed_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(x, p.rows, p.cols, p.axis, p.format,
+                                                               largest, p.amax, data, p.scale, count);
+  } else {
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(std::max(p.rows, (count + 255) / 256),
+                                                                  int64_t(sms) * 16));
+    cast_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, p.rows, p.cols, p.axis, p.format,
+                                                                     largest, p.amax, data, p.scale, count);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_fp8_quantize(const Fp8QuantizeParams& params, cudaStream_t stream) {
+  switch (params.dtype_x) {
+    case DType::kFloat32: return run<float>(params, stream);
+    case DType::kFloat16: return run<__half>(params, stream);
+    case DType::kBFloat16: return run<__nv_bfloat16>(params, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace kernels
+}  // namespace cutlass_nn
