@@ -67,6 +67,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def convert_args(scaling: str) -> dict[str, Any]:
+    """``cutlass_nn.convert``'s arguments of an FP8 row of the model benchmark (``--what models
+    --fp8``): ``precision="fp8"`` with the scaling, the LM head left an ``nn.Linear`` (as the
+    FP8 peers are run)."""
+    return dict(precision="fp8", fp8_recipe=R.Fp8Recipe(scaling=scaling),
+                filter_fn=lambda name, m: not name.endswith("lm_head"))
+
+
 def _time_interleaved(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
     for fn in fns.values():
         for _ in range(3):

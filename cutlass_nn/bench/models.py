@@ -54,6 +54,7 @@ import torch
 from torch import nn
 
 import cutlass_nn
+from cutlass_nn.bench import fp8 as bench_fp8
 
 FAMILIES = ("llama", "gpt", "bert")
 SIZES = ("host", "gpu")
@@ -337,7 +338,7 @@ def run_row(
                 if side != "cutlass_nn":
                     return model
                 example = batches[0] if autotune else None
-                fp8_args = {} if fp8 is None else fp8_convert_args(fp8)
+                fp8_args = {} if fp8 is None else bench_fp8.convert_args(fp8)
                 return cutlass_nn.convert(model, example_inputs=example, fuse_norm=fuse_norm,
                                           fuse_mlp=fuse_mlp, fuse_rope=fuse_rope, **fp8_args,
                                           fuse_head=fuse_head and cutlass_nn.fused_head.can_fuse_lm_head(model))
@@ -395,12 +396,6 @@ def run_row(
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
     return row
-
-
-def fp8_convert_args(scaling: str) -> dict[str, Any]:
-    """convert()'s arguments of an FP8 row: the LM head left alone, as the FP8 peers run."""
-    return dict(precision="fp8", fp8_recipe=cutlass_nn.fp8.Fp8Recipe(scaling=scaling),
-                filter_fn=lambda name, m: not name.endswith("lm_head"))
 
 
 def liger_available() -> bool:
