@@ -14,8 +14,11 @@ e4m3), input gradient ``dy [T, N] @ w`` (gradient format x e4m3, the weight tran
 gradient ``dy^T [N, T] @ x [T, K]`` (both transposed). Each operand is laid out as both
 implementations need it (A row-major, B column-major), so the timing is the GEMM alone; both
 produce bfloat16. Before timing, each row checks that the two results agree (relative difference
-in the norm). Timing: CUDA events around one call after warm-up, the median of ``--reps`` calls
-per side, the sides interleaved call by call; ``ratio`` = torch's time / ours (> 1: ours faster).
+in the norm). GPU time: each side's call captured ``GRAPH_CALLS`` times in a CUDA graph, the
+replay timed with CUDA events, per call, the median of ``--reps`` replays, the sides interleaved
+(the same operands every call: what fits in L2 stays there for both sides alike); ``ratio`` =
+torch's time / ours (> 1: ours faster). Latency (``*_latency_ms``): one call between two events
+on an idle GPU, the host's launch work included, what an eager caller waits for.
 ``bf16_ratio`` = the bfloat16 GEMM of the same shape (``torch.mm``, cuBLAS) / ours: what FP8 gains
 over bf16. Rows torch cannot run (``torch._scaled_mm`` takes no e5m2 operand with rowwise scales)
 say so and have no ratio. The summary gives the geometric mean per GEMM and the rows below 0.90.
@@ -40,6 +43,8 @@ from cutlass_nn.transformer_shapes import MODEL_LAYERS, TOKENS, transformer_shap
 OPS = ("fwd", "dgrad", "wgrad")
 #: rows under this ratio are listed (the issue's floor)
 FLOOR = 0.90
+#: calls per CUDA graph in the GPU-time measurement
+GRAPH_CALLS = 10
 
 
 def _csv(text: str) -> list[str]:
@@ -76,6 +81,8 @@ def convert_args(scaling: str) -> dict[str, Any]:
 
 
 def _time_interleaved(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
+    """What an eager caller waits for: CUDA events around one call on an idle GPU (the host's
+    launch work included), median over ``reps``, the functions interleaved."""
     for fn in fns.values():
         for _ in range(3):
             fn()
@@ -84,11 +91,46 @@ def _time_interleaved(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str,
         for name, fn in fns.items():
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
             start.record()
             fn()
             end.record()
             end.synchronize()
             times[name].append(start.elapsed_time(end))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _time_graphs(fns: dict[str, Callable[[], Any]], reps: int, calls: int = GRAPH_CALLS) -> dict[str, float]:
+    """What the GPU does: each function captured ``calls`` times back to back in a CUDA graph,
+    the replay timed with CUDA events; milliseconds per call, median over ``reps`` replays, the
+    functions interleaved (no host work inside the timed span, so launch costs cannot hide or
+    dominate a short kernel)."""
+    graphs = {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for name, fn in fns.items():
+            for _ in range(3):
+                fn()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(calls):
+                    fn()
+            graphs[name] = graph
+    torch.cuda.current_stream().wait_stream(stream)
+    for graph in graphs.values():
+        graph.replay()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for name, graph in graphs.items():
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / calls)
+    del graphs
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -143,8 +185,10 @@ def measure_row(op, shape, scaling, grad_format, fast_accum, reps, configs=()) -
         fns["torch"] = theirs
     except RuntimeError as exc:
         row["torch_error"] = str(exc).splitlines()[0][:200]
-    ms = _time_interleaved(fns, reps)
+    ms = _time_graphs(fns, reps)
     row.update({f"{name}_ms": v for name, v in ms.items()})
+    latency = _time_interleaved({k: fns[k] for k in ("ours", "torch") if k in fns}, reps)
+    row.update({f"{name}_latency_ms": v for name, v in latency.items()})
     row["tflops"] = 2 * m * nn_ * kk / (ms["ours"] * 1e-3) / 1e12
     if "torch" in ms:
         row["ratio"] = ms["torch"] / ms["ours"]
@@ -161,9 +205,13 @@ def summarize(rows: list[dict]) -> dict:
                 continue
             gm = math.exp(sum(math.log(r["ratio"]) for r in sel) / len(sel))
             gm16 = math.exp(sum(math.log(r["bf16_ratio"]) for r in sel) / len(sel))
+            lat = [r["torch_latency_ms"] / r["ours_latency_ms"] for r in sel
+                   if "torch_latency_ms" in r and "ours_latency_ms" in r]
             out[f"{scaling}/{op}"] = {
                 "rows": len(sel),
                 "geomean_ratio": gm,
+                "geomean_latency_ratio": (
+                    math.exp(sum(map(math.log, lat)) / len(lat)) if lat else None),
                 "geomean_bf16_ratio": gm16,
                 "below_floor": sum(r["ratio"] < FLOOR for r in sel),
                 "worst": min(r["ratio"] for r in sel),
@@ -193,7 +241,9 @@ def main(argv: Sequence[str]) -> int:
                       f"ratio {ratio} bf16x {row['bf16_ratio']:.2f} {row['kernel']}", flush=True)
     summary = summarize(rows)
     for key, s in summary.items():
-        print(f"summary {key}: geomean {s['geomean_ratio']:.3f} vs torch._scaled_mm, "
+        lat = s["geomean_latency_ratio"]
+        print(f"summary {key}: geomean {s['geomean_ratio']:.3f} vs torch._scaled_mm "
+              f"(latency {'n/a' if lat is None else format(lat, '.3f')}), "
               f"{s['geomean_bf16_ratio']:.2f}x bf16, worst {s['worst']:.3f}, "
               f"{s['below_floor']} of {s['rows']} below {FLOOR}")
     args.out.mkdir(parents=True, exist_ok=True)
