@@ -82,7 +82,7 @@ SHAPES = [(256, 512, 384), (1, 64, 16), (77, 200, 48), (130, 264, 1040), (1024, 
 
 
 @needs_sm90
-@pytest.mark.parametrize("config", [0, 1, 3])
+@pytest.mark.parametrize("config", [0, 1, 3, 4])
 @pytest.mark.parametrize("fmt_a", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("scaling", ["tensorwise", "rowwise", "mixed"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -136,7 +136,11 @@ def test_rule_picks_by_tile_count():
     side = 128 * (int(sms**0.5) + 1)
     a, sa, b, sb, _ = operands(side, side, 128)
     ops.fp8_scaled_mm(a, b, sa, sb)
-    assert cutlass_nn.ops._ops._last_kernel_name.default().endswith("_coop")
+    assert cutlass_nn.ops._ops._last_kernel_name.default().endswith("128x128x128_2x1x1_coop")
+    # a full wave of 128x192 tiles: the wider tile
+    a, sa, b, sb, _ = operands(128 * sms, 192, 128)
+    ops.fp8_scaled_mm(a, b, sa, sb)
+    assert cutlass_nn.ops._ops._last_kernel_name.default().endswith("128x192x128_2x1x1_coop")
     # few tiles over a long K: stream-K
     a, sa, b, sb, _ = operands(512, 3584, 8192)
     ops.fp8_scaled_mm(a, b, sa, sb)
