@@ -42,9 +42,11 @@ MODEL_SEED, DATA_SEED = 1234, 4321
 # ---------------------------------------------------------------------------------------------
 
 
-def build_model(device: str | torch.device = "cpu") -> nn.Module:
+def build_model(device: str | torch.device = "cpu", fp8: bool = False) -> nn.Module:
     """A small MLP built from plain ``nn.Linear`` (seeded), then converted in place. The 11- and
-    5-row layers shard unevenly over 2 ranks (FSDP2 pads them)."""
+    5-row layers shard unevenly over 2 ranks (FSDP2 pads them). With ``fp8`` every layer is an
+    FP8 ``CutlassLinear`` (tensorwise; the layers are below convert's FP8 size rule, so they are
+    made FP8 directly)."""
     torch.manual_seed(MODEL_SEED)
     model = nn.Sequential(
         nn.Linear(IN_FEATURES, 16),
@@ -54,6 +56,9 @@ def build_model(device: str | torch.device = "cpu") -> nn.Module:
         nn.Linear(11, OUT_FEATURES, bias=True),
     )
     cutlass_nn.convert(model)
+    if fp8:
+        for i in (0, 2, 4):
+            model[i] = cutlass_nn.CutlassLinear.from_linear(model[i], precision="fp8")
     return model.to(device)
 
 
@@ -111,9 +116,9 @@ def _cpu_dict(named):
     return {name: t.detach().to("cpu", copy=True) for name, t in named}
 
 
-def reference_run(steps: int) -> dict:
+def reference_run(steps: int, fp8: bool = False) -> dict:
     """The unsharded model trained on the full batch in this process (CPU)."""
-    model = build_model()
+    model = build_model(fp8=fp8)
     x, y = fixed_batch()
     losses, grads, op_counts = train(
         model, x, y, steps,
@@ -125,6 +130,22 @@ def reference_run(steps: int) -> dict:
         params=_cpu_dict(model.named_parameters()),
         op_counts=op_counts,
     )
+
+
+def sharded_reference(world_size: int, fp8: bool = False) -> dict:
+    """What a data-parallel first step computes, in this process: each rank's half of the batch
+    through its own copy of the model (its own FP8 scales), gradients and losses averaged."""
+    x, y = fixed_batch()
+    grads, losses = [], []
+    for rank in range(world_size):
+        model = build_model(fp8=fp8)
+        out = model(shard(x, rank, world_size))
+        loss = F.mse_loss(out, shard(y, rank, world_size))
+        loss.backward()
+        grads.append(_cpu_dict((n, p.grad) for n, p in model.named_parameters()))
+        losses.append(float(loss.detach()))
+    mean = {n: sum(g[n] for g in grads) / world_size for n in grads[0]}
+    return dict(grads=mean, loss=sum(losses) / world_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,10 +209,10 @@ def _run(fn, rank, world_size, init_method, out_dir, device_type, *args):
 # ---------------------------------------------------------------------------------------------
 
 
-def _ddp_body(rank, world_size, device, steps):
+def _ddp_body(rank, world_size, device, steps, fp8=False):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = build_model(device)
+    model = build_model(device, fp8)
     n_cutlass = count_cutlass_linear(model)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     x, y = fixed_batch(device)
@@ -215,12 +236,16 @@ def ddp_worker(rank, world_size, init_method, out_dir, device_type, steps):
     _run(_ddp_body, rank, world_size, init_method, out_dir, device_type, steps)
 
 
+def ddp_fp8_worker(rank, world_size, init_method, out_dir, device_type, steps):
+    _run(_ddp_body, rank, world_size, init_method, out_dir, device_type, steps, True)
+
+
 # ---------------------------------------------------------------------------------------------
 # FSDP2 (torch.distributed.fsdp.fully_shard)
 # ---------------------------------------------------------------------------------------------
 
 
-def _fsdp2_body(rank, world_size, device, steps):
+def _fsdp2_body(rank, world_size, device, steps, fp8=False):
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
@@ -228,7 +253,7 @@ def _fsdp2_body(rank, world_size, device, steps):
     # An explicit mesh of the run's device type: without it FSDP2 shards onto the accelerator
     # whenever one is visible, also in the CPU (gloo) run on a GPU machine.
     mesh = init_device_mesh(torch.device(device).type, (world_size,))
-    model = build_model(device)
+    model = build_model(device, fp8)
     layers = [m for m in model.modules() if type(m) is cutlass_nn.CutlassLinear]
     n_cutlass = len(layers)
     for layer in layers:
@@ -278,6 +303,10 @@ def _fsdp2_body(rank, world_size, device, steps):
 
 def fsdp2_worker(rank, world_size, init_method, out_dir, device_type, steps):
     _run(_fsdp2_body, rank, world_size, init_method, out_dir, device_type, steps)
+
+
+def fsdp2_fp8_worker(rank, world_size, init_method, out_dir, device_type, steps):
+    _run(_fsdp2_body, rank, world_size, init_method, out_dir, device_type, steps, True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -196,3 +196,33 @@ def test_fsdp2_layer_outputs_are_not_views(fsdp2_results):
     _, results = fsdp2_results
     for res in results:
         assert not [w for w in res["warnings"] if "returned a view tensor" in w], res["warnings"]
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 layers (CutlassLinear(precision="fp8")) under DDP and FSDP2, CPU (gloo)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_fp8_layers_train_under_ddp_and_fsdp2(wrapper, tmp_path):
+    """Each rank quantizes its own half of the batch (the scales follow the local maximum), so the
+    reference is that computation done in this process: each half through its own copy of the
+    FP8 model, gradients averaged (equal up to the all-reduce's summation order). The ranks agree
+    with each other exactly after the SGD steps, and the FP8 operators are what ran."""
+    if not torch.distributed.is_gloo_available():
+        pytest.skip("needs gloo")
+    if wrapper == "fsdp2" and not _has_fully_shard():
+        pytest.skip("torch.distributed.fsdp.fully_shard (FSDP2) is not available")
+    worker = W.ddp_fp8_worker if wrapper == "ddp" else W.fsdp2_fp8_worker
+    results = spawn_job(worker, tmp_path, "cpu", DDP_STEPS)
+    ref = W.sharded_reference(WORLD_SIZE, fp8=True)
+    for rank, res in enumerate(results):
+        assert res["n_cutlass"] == 3
+        ops = res["op_counts"]
+        assert ops.get("fp8_scaled_mm") == 3 + 2 + 3 and "linear" not in ops, (rank, ops)
+        for name, g in ref["grads"].items():
+            torch.testing.assert_close(res["grads"][name], g, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"rank {rank} grad {name}: {m}")
+        assert abs(res["losses"][0] - ref["loss"]) <= 1e-6 * abs(ref["loss"])
+    for name in results[0]["params"]:
+        assert torch.equal(results[0]["params"][name], results[1]["params"][name]), name
