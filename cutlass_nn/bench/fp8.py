@@ -6,7 +6,7 @@ Usage::
 
     python -m cutlass_nn.bench --what fp8 [--tokens 512,4096,16384] [--families ...]
         [--scalings tensorwise,rowwise] [--grad-format e4m3|e5m2] [--fast-accum-forward]
-        [--reps 25] [--configs 0,1,3] [--out DIR]
+        [--reps 25] [--configs 0,1,3] [--quantize] [--out DIR]
 
 Per layer (N out, K in) and token count T, the three GEMMs of an FP8 linear layer on operands
 quantized as the recipe says (cutlass_nn.fp8_reference): forward ``x [T, K] @ w^T`` (e4m3 x
@@ -38,7 +38,7 @@ import torch
 
 from cutlass_nn import fp8_reference as R
 from cutlass_nn import ops
-from cutlass_nn.transformer_shapes import MODEL_LAYERS, TOKENS, transformer_shapes
+from cutlass_nn.transformer_shapes import MODEL_LAYERS, TOKENS, layer_shapes, transformer_shapes
 
 OPS = ("fwd", "dgrad", "wgrad")
 #: rows under this ratio are listed (the issue's floor)
@@ -61,6 +61,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--fast-accum-forward", action="store_true",
                    help="both sides accumulate the forward GEMM without promotion")
     p.add_argument("--reps", type=int, default=25)
+    p.add_argument("--quantize", action="store_true",
+                   help="time ops.fp8_quantize instead of the GEMMs: every activation shape "
+                   "[T, K] of the set, each axis, plain and transposed, against the same "
+                   "arithmetic in torch operations (fp8_reference.quantize_unchecked)")
     p.add_argument("--configs", default="",
                    help="also time these forced FP8 tile configurations (indices into "
                    "cutlass_nn.ops.fp8_configs(), e.g. 0,1,3) on every row: config<N>_ms")
@@ -196,6 +200,31 @@ def measure_row(op, shape, scaling, grad_format, fast_accum, reps, configs=()) -
     return row
 
 
+def quantize_rows(tokens: list[int], families: list[str], reps: int) -> list[dict]:
+    """``ops.fp8_quantize`` against ``fp8_reference.quantize_unchecked`` (torch operations) on
+    bf16 activations ``[T, K]``: GPU time per call (graph replays), the kernel's bandwidth
+    (bytes read twice and written once)."""
+    ks = sorted({k for _, k in layer_shapes(families)})
+    rows = []
+    for t in tokens:
+        for k in ks:
+            x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+            for axis, dim in (("tensor", None), ("row", 1), ("column", 0)):
+                for transpose in (False, True):
+                    fns = {"ours": lambda: ops.fp8_quantize(x, "e4m3", axis, transpose),
+                           "torch": lambda: R.quantize_unchecked(x, "e4m3", dim)}
+                    ms = _time_graphs(fns, reps)
+                    rows.append({"tokens": t, "k": k, "axis": axis, "transpose": transpose,
+                                 "ours_ms": ms["ours"], "torch_ms": ms["torch"],
+                                 "ratio": ms["torch"] / ms["ours"],
+                                 "ours_gbs": x.numel() * 5 / (ms["ours"] * 1e-3) / 1e9})
+                    r = rows[-1]
+                    print(f"quantize T={t:5d} K={k:5d} {axis:6s} transpose={transpose!s:5s} "
+                          f"ours {r['ours_ms']:.4f} ms ({r['ours_gbs']:.0f} GB/s) torch ops "
+                          f"{r['torch_ms']:.4f} ms: {r['ratio']:.2f}x", flush=True)
+    return rows
+
+
 def summarize(rows: list[dict]) -> dict:
     out: dict[str, Any] = {}
     for scaling in sorted({r["scaling"] for r in rows}):
@@ -227,6 +256,18 @@ def main(argv: Sequence[str]) -> int:
         print(bench.NO_CUDA_MESSAGE, file=sys.stderr)
         return 2
     meta = bench.collect_meta(argv)
+    if args.quantize:
+        qrows = quantize_rows([int(t) for t in _csv(args.tokens)], _csv(args.families), args.reps)
+        gm = math.exp(sum(math.log(r["ratio"]) for r in qrows) / len(qrows))
+        print(f"summary quantize: {gm:.2f}x the torch operations (geomean of {len(qrows)} rows)")
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"fp8_quantize_{bench._slug(meta)}_{bench._stamp()}.json"
+        path.write_text(json.dumps({"mode": "fp8_quantize", "meta": meta,
+                                    "settings": vars(args) | {"out": str(args.out)},
+                                    "summary": {"geomean_ratio": gm}, "rows": qrows},
+                                   indent=1, default=str) + "\n")
+        print(f"json {path}", flush=True)
+        return 0
     shapes = transformer_shapes([int(t) for t in _csv(args.tokens)], _csv(args.families))
     rows = []
     for scaling in _csv(args.scalings):
