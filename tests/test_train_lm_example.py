@@ -47,3 +47,12 @@ def test_compare_run_agrees_and_learns(tmp_path):
 def test_plain_cutlass_impl_with_autocast(tmp_path):
     out = run(tmp_path, "--impl", "cutlass", "--amp", "--steps", "5", "--sample-bytes", "8")
     assert "final: impl=cutlass device=cpu amp=True" in out
+
+
+def test_fp8_impl_trains_close_to_stock(tmp_path):
+    out = run(tmp_path, "--impl", "cutlass-fp8", "--fp8-scaling", "rowwise", "--compare",
+              "--steps", "40", "--tolerance", "0.05", "--sample-bytes", "8")
+    finals = [line for line in out.splitlines() if line.startswith("final:")]
+    assert [f.split()[1] for f in finals] == ["impl=torch", "impl=cutlass-fp8"]
+    fp8 = json.loads((tmp_path / "lm_cutlass-fp8.json").read_text())
+    assert fp8["losses"][-1] < fp8["losses"][0] - 1.0  # it learns

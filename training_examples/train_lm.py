@@ -8,7 +8,12 @@ ships with Python itself: the text of the language reference topics in ``pydoc_d
 * ``torch``: the stock model;
 * ``cutlass``: ``cutlass_nn.convert(model)``, every ``nn.Linear`` on cutlass_nn's GEMMs;
 * ``cutlass-fused`` (default): ``convert(model, fuse_norm=True, fuse_mlp=True, fuse_head=True)``:
-  fused RMSNorms, fused gated MLPs, and the loss through ``linear_cross_entropy`` (no logits).
+  fused RMSNorms, fused gated MLPs, and the loss through ``linear_cross_entropy`` (no logits);
+* ``cutlass-fp8``: every projection of the decoder layers a ``CutlassLinear(precision="fp8")``
+  (``--fp8-scaling`` tensorwise or rowwise, e4m3 gradients), the LM head and embeddings as they
+  are. All projections train in FP8 whatever their size (``convert``'s FP8 size rule would keep
+  this model's small layers in their dtype): the run measures FP8's effect on the loss, not
+  speed.
 
 ``--compare`` trains ``torch`` and ``--impl`` from the same initial weights on the same batches
 and fails (exit 1) if their loss curves (moving averages over ``steps / 15`` steps) differ by
@@ -48,12 +53,14 @@ if str(REPO) not in sys.path:
 
 import cutlass_nn  # noqa: E402
 
-IMPLS = ("torch", "cutlass", "cutlass-fused")
+IMPLS = ("torch", "cutlass", "cutlass-fused", "cutlass-fp8")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--impl", choices=IMPLS, default="cutlass-fused")
+    p.add_argument("--fp8-scaling", choices=("tensorwise", "rowwise"), default="tensorwise",
+                   help="--impl cutlass-fp8: the FP8 recipe's scaling")
     p.add_argument("--compare", action="store_true",
                    help="train torch and --impl from the same weights and batches, compare")
     p.add_argument("--device", default="cpu")
@@ -110,6 +117,14 @@ def build_model(args, impl: str, device):
         cutlass_nn.convert(model)
     elif impl == "cutlass-fused":
         cutlass_nn.convert(model, fuse_norm=True, fuse_mlp=True, fuse_head=True)
+    elif impl == "cutlass-fp8":
+        recipe = cutlass_nn.fp8.Fp8Recipe(scaling=args.fp8_scaling)
+        for layer in model.model.layers:
+            for parent in layer.modules():
+                for name, child in list(parent.named_children()):
+                    if type(child) is torch.nn.Linear:
+                        setattr(parent, name, cutlass_nn.CutlassLinear.from_linear(
+                            child, precision="fp8", fp8_recipe=recipe))
     return model
 
 
