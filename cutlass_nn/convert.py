@@ -139,8 +139,9 @@ def convert(
         precision: None (default) or ``"fp8"``: the converted ``nn.Linear`` layers whose shape
             passes :func:`cutlass_nn.fp8.eligible` (both dimensions at least
             :data:`cutlass_nn.fp8.MIN_FEATURES` and multiples of 16) train in FP8
-            (``CutlassLinear(precision="fp8")``); the others are converted as without it. Not
-            combinable with ``fuse_mlp`` (the fused gated MLP has no FP8 form yet).
+            (``CutlassLinear(precision="fp8")``; with ``fuse_mlp``, the gated MLPs whose gate
+            projection passes it become ``GatedMLP(precision="fp8")``); the others are converted
+            as without it.
         fp8_recipe: with ``precision="fp8"``, the :class:`cutlass_nn.fp8.Fp8Recipe` of those
             layers (default: tensorwise, e4m3 gradients).
 
@@ -153,8 +154,8 @@ def convert(
     Raises:
         TypeError: ``module`` is not an ``nn.Module``, ``filter_fn`` is not callable, or
             ``fp8_recipe`` is not an ``Fp8Recipe`` (nothing is changed).
-        ValueError: ``precision`` is not None or ``"fp8"``, ``fp8_recipe`` without
-            ``precision="fp8"``, or ``precision="fp8"`` with ``fuse_mlp`` (nothing is changed).
+        ValueError: ``precision`` is not None or ``"fp8"``, or ``fp8_recipe`` without
+            ``precision="fp8"`` (nothing is changed).
 
     Warns:
         ``UserWarning`` when no module was converted.
@@ -171,11 +172,6 @@ def convert(
             f"filter_fn(name, module) -> bool, got {type(filter_fn).__qualname__}"
         )
     recipe = _check_precision("convert", precision, fp8_recipe)
-    if recipe is not None and fuse_mlp:
-        raise ValueError(
-            "cutlass_nn.convert: precision=\"fp8\" cannot be combined with fuse_mlp=True yet (the "
-            "fused gated MLP has no FP8 form); convert with one or the other"
-        )
     fp8_layers: list[str] = []
     kept_layers: list[str] = []
 
@@ -188,6 +184,15 @@ def convert(
         kept_layers.append(name)
         return CutlassLinear.from_linear(child)
 
+    def mlp_replacement(name: str, child: nn.Module) -> GatedMLP:
+        gate = child.gate_proj
+        if recipe is not None and fp8.eligible(gate.in_features, gate.out_features):
+            fp8_layers.append(name)
+            return GatedMLP.from_module(child, precision="fp8", fp8_recipe=recipe)
+        if recipe is not None:
+            kept_layers.append(name)
+        return GatedMLP.from_module(child)
+
     def replacement(name: str, child: nn.Module) -> nn.Module | None:
         """The cutlass_nn module for ``child``, or None to leave it."""
         if type(child) is nn.Linear:
@@ -195,7 +200,7 @@ def convert(
         elif fuse_norm and _is_convertible_norm(child):
             make = RMSNorm.from_module
         elif fuse_mlp and _is_convertible_mlp(child):
-            make = GatedMLP.from_module
+            make = functools.partial(mlp_replacement, name)
         else:
             return None
         # filter_fn sees the candidates only

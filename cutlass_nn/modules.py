@@ -498,6 +498,12 @@ class GatedMLP(nn.Module):
             attribute ``activation``, not in the ``state_dict``.
         bias: whether the three projections have biases (``LlamaConfig.mlp_bias``).
         device, dtype: factory arguments for the parameters.
+        precision, fp8_recipe: None, or ``"fp8"`` with an optional
+            :class:`cutlass_nn.fp8.Fp8Recipe`: the three projections are FP8 ``CutlassLinear``
+            layers (``precision="fp8"``). The forward then runs the gate and up projections as
+            one FP8 GEMM over their concatenated weights (``fp8.linear``), the gated activation
+            (``functional.gated_act``) and the down projection in FP8; the ``state_dict`` is
+            unchanged.
 
     Shape:
         input ``[*, hidden_size]`` (empty batches allowed) -> output ``[*, hidden_size]``.
@@ -511,16 +517,20 @@ class GatedMLP(nn.Module):
         bias: bool = False,
         device=None,
         dtype=None,
+        precision: str | None = None,
+        fp8_recipe: Fp8Recipe | None = None,
     ) -> None:
         # validated first: a bad value fails before any parameter is allocated
         act = _check_gated_activation("GatedMLP", activation)
+        recipe = _check_precision("GatedMLP", precision, fp8_recipe)
         super().__init__()
         self.hidden_size = int(hidden_size)
         self.intermediate_size = int(intermediate_size)
         self.activation = act
         # Created in LlamaMLP's order with nn.Linear's initialization: under the same seed the
         # weights are those of the transformers module.
-        factory = dict(bias=bias, device=device, dtype=dtype)
+        factory = dict(bias=bias, device=device, dtype=dtype, precision=precision,
+                       fp8_recipe=recipe)
         self.gate_proj = CutlassLinear(self.hidden_size, self.intermediate_size, **factory)
         self.up_proj = CutlassLinear(self.hidden_size, self.intermediate_size, **factory)
         self.down_proj = CutlassLinear(self.intermediate_size, self.hidden_size, **factory)
@@ -537,10 +547,14 @@ class GatedMLP(nn.Module):
         if gate.bias is not None and up.bias is not None:
             _pack_adjacent(gate.bias, up.bias)
 
-    def _fusable(self) -> bool:
-        """Whether the fused operator computes what calling the three projections would."""
+    def _fusable(self, precision: str | None = None) -> bool:
+        """Whether the fused path (the gated_mlp operator; with precision "fp8", the FP8 one)
+        computes what calling the three projections would: plain CutlassLinear layers of that
+        precision, without hooks."""
         for layer in (self.gate_proj, self.up_proj, self.down_proj):
             if type(layer) is not CutlassLinear or layer.activation is not None:
+                return False
+            if layer.precision != precision:
                 return False
             if (
                 layer._forward_hooks
@@ -553,6 +567,18 @@ class GatedMLP(nn.Module):
 
     def forward(self, input: Tensor) -> Tensor:
         gate, up, down = self.gate_proj, self.up_proj, self.down_proj
+        if (
+            gate.precision == "fp8"
+            and self._fusable("fp8")
+            and gate.fp8_recipe == up.fp8_recipe
+            and (gate.bias is None) == (up.bias is None)
+        ):
+            # gate and up as one FP8 GEMM (one quantization of the input), then the gated
+            # activation and the down projection
+            weight = torch.cat([gate.weight, up.weight])
+            bias = None if gate.bias is None else torch.cat([gate.bias, up.bias])
+            h = F.gated_act(_fp8.linear(input, weight, bias, gate.fp8_recipe), self.activation)
+            return _fp8.linear(h, down.weight, down.bias, down.fp8_recipe)
         if not self._fusable():
             return down(_TORCH_ACTS[self.activation](gate(input)) * up(input))
         return _gated_mlp(
@@ -580,13 +606,22 @@ class GatedMLP(nn.Module):
         self._pack_gate_up()
 
     def extra_repr(self) -> str:
-        return (
+        text = (
             f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
             f"activation={self.activation!r}, bias={self.gate_proj.bias is not None}"
         )
+        if getattr(self.gate_proj, "precision", None) is not None:
+            text += f", precision={self.gate_proj.precision!r}"
+        return text
 
     @classmethod
-    def from_module(cls, mlp: nn.Module, activation: str | None = None) -> "GatedMLP":
+    def from_module(
+        cls,
+        mlp: nn.Module,
+        activation: str | None = None,
+        precision: str | None = None,
+        fp8_recipe: Fp8Recipe | None = None,
+    ) -> "GatedMLP":
         """A ``GatedMLP`` sharing the parameters of a ``transformers``-style gated MLP (no copy;
         the Parameter objects are reused, through :meth:`CutlassLinear.from_linear`).
 
@@ -604,6 +639,7 @@ class GatedMLP(nn.Module):
                 -> ``"silu"``; ``nn.GELU()`` / ``F.gelu`` / ``GELUActivation`` -> ``"gelu"``;
                 ``nn.GELU(approximate="tanh")`` / ``GELUTanh`` (``PytorchGELUTanh``) /
                 ``NewGELUActivation`` -> ``"gelu_tanh"``.
+            precision, fp8_recipe: as in the constructor (the projections become FP8 layers).
 
         Training mode and the hooks of ``mlp`` (and of its projections) are carried over.
 
@@ -615,6 +651,7 @@ class GatedMLP(nn.Module):
         where = "GatedMLP.from_module"
         if activation is not None:
             act = _check_gated_activation(where, activation)
+        recipe = _check_precision(where, precision, fp8_recipe)
         if not isinstance(mlp, nn.Module):
             raise TypeError(
                 f"cutlass_nn.{where}: argument 'mlp' must be an nn.Module, got "
@@ -639,7 +676,8 @@ class GatedMLP(nn.Module):
         layer.intermediate_size = mlp.gate_proj.out_features
         layer.activation = act
         for name in ("gate_proj", "up_proj", "down_proj"):
-            setattr(layer, name, CutlassLinear.from_linear(getattr(mlp, name)))
+            setattr(layer, name, CutlassLinear.from_linear(getattr(mlp, name), precision=precision,
+                                                           fp8_recipe=recipe))
         # only the module's own flag: each projection keeps its mode (from_linear copied it)
         layer.training = mlp.training
         _copy_hooks(mlp, layer)

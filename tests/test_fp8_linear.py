@@ -133,7 +133,6 @@ def test_convert_applies_the_size_rule(caplog):
         (dict(precision="fp16"), ValueError, "argument 'precision' must be None or \"fp8\""),
         (dict(precision="fp8", fp8_recipe="rowwise"), TypeError, "argument 'fp8_recipe' must be"),
         (dict(fp8_recipe=Fp8Recipe()), ValueError, "argument 'fp8_recipe' needs precision"),
-        (dict(precision="fp8", fuse_mlp=True), ValueError, "cannot be combined with fuse_mlp"),
     ],
 )
 def test_convert_errors_change_nothing(kwargs, error, message):
@@ -162,3 +161,55 @@ def test_nonfinite_input_gives_nan_not_garbage():
     x[1, 5] = float("inf")
     y = layer(x)
     assert torch.isnan(y[1]).all() and torch.isfinite(y[0]).all() and torch.isfinite(y[2]).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# GatedMLP(precision="fp8")
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", [Fp8Recipe("tensorwise"), Fp8Recipe("rowwise", "e5m2")], ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+def test_gated_mlp_fp8_equals_reference_composition(recipe, bias):
+    torch.manual_seed(3)
+    mlp = cutlass_nn.GatedMLP(32, 48, activation="silu", bias=bias, dtype=torch.bfloat16,
+                              precision="fp8", fp8_recipe=recipe)
+    assert "precision='fp8'" in repr(mlp)
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    y = mlp(x)
+    y.backward(g)
+    # the same arithmetic from the reference: gate+up as one FP8 linear, gated_act, down
+    params = {n: p.detach().clone().requires_grad_() for n, p in mlp.named_parameters()}
+    x2 = x.detach().clone().requires_grad_()
+    w = torch.cat([params["gate_proj.weight"], params["up_proj.weight"]])
+    b = torch.cat([params["gate_proj.bias"], params["up_proj.bias"]]) if bias else None
+    h = cutlass_nn.functional.gated_act(Fp8LinearReference.apply(x2, w, b, recipe), "silu")
+    y2 = Fp8LinearReference.apply(h, params["down_proj.weight"], params.get("down_proj.bias"),
+                                  recipe)
+    y2.backward(g)
+    assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad)
+    for n, p in mlp.named_parameters():
+        assert torch.equal(p.grad, params[n].grad), n
+
+
+def test_gated_mlp_with_mixed_precisions_calls_the_projections():
+    mlp = cutlass_nn.GatedMLP(32, 48, precision="fp8")
+    mlp.up_proj = cutlass_nn.CutlassLinear.from_linear(mlp.up_proj)  # up back in float32
+    x = torch.randn(3, 32)
+    want = mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+    assert torch.equal(mlp(x), want)
+
+
+def test_convert_fuse_mlp_with_fp8():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    cfg = transformers.LlamaConfig(hidden_size=1024, intermediate_size=1024, hidden_act="silu")
+    model = nn.Sequential(LlamaMLP(cfg), nn.Linear(1024, 8))
+    cutlass_nn.convert(model, fuse_mlp=True, precision="fp8")
+    assert isinstance(model[0], cutlass_nn.GatedMLP) and model[0].down_proj.precision == "fp8"
+    assert model[1].precision is None  # 8 outputs: below the size rule
+    x = torch.randn(4, 1024)
+    model(x).sum().backward()
+    assert model[0].gate_proj.weight.grad is not None
