@@ -2,7 +2,8 @@
 operands with dynamic scaling, the GEMMs on :func:`cutlass_nn.ops.fp8_scaled_mm` (cutlass_nn's
 SM90 FP8 kernels on Hopper, the same arithmetic in ATen elsewhere).
 
-The arithmetic is :mod:`cutlass_nn.fp8_reference`'s, step for step (the tests check them equal):
+The arithmetic is :mod:`cutlass_nn.fp8_reference`'s, step for step (the tests check them equal; the
+one difference: the bias is rounded to the output dtype before the add, see :func:`linear`):
 each operand is quantized from its own absolute maximum on every call (``Fp8Recipe.scaling``
 "tensorwise": one scale per operand; "rowwise": per row of the activations and of the output
 gradient, per output channel of the weight, and for the backward along the axes each GEMM does
@@ -114,7 +115,7 @@ def _check(op: str, x, weight, bias, recipe) -> None:
             f"{type(recipe).__name__}"
         )
     for name, t in (("input", x), ("weight", weight)):
-        if not isinstance(t, Tensor) or not t.is_floating_point() or t.dtype.itemsize == 1:
+        if not isinstance(t, Tensor) or t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             got = f"a {t.dtype} tensor" if isinstance(t, Tensor) else type(t).__name__
             raise TypeError(
                 f"cutlass_nn.fp8.{op}: argument '{name}' must be a float16, bfloat16 or float32 "
@@ -147,7 +148,12 @@ def linear(
     ``[*, in_features]``, ``weight`` ``[out_features, in_features]``, ``bias``
     ``[out_features]`` or None, ``recipe`` the scaling and gradient format. The output has
     ``input``'s dtype, or the autocast dtype inside ``torch.autocast``; gradients reach
-    ``input``, ``weight`` and ``bias`` (first order)."""
+    ``input``, ``weight`` and ``bias`` (first order). The bias is rounded to the output dtype
+    before it is added (as under autocast; the reference adds it in float32, so a float32 bias
+    beside a 16-bit input differs from it by that rounding). On Hopper the GEMMs run on the FP8
+    kernels for bfloat16 and float32 outputs; a float16 output (float16 inputs, or autocast to
+    float16) and a weight gradient over a token count that is not a multiple of 16 take the ATen
+    path of :func:`cutlass_nn.ops.fp8_scaled_mm` (correct, much slower)."""
     _check("linear", input, weight, bias, recipe)
     out_dtype = input.dtype
     if torch.is_autocast_enabled(input.device.type):

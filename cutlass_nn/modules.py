@@ -500,10 +500,10 @@ class GatedMLP(nn.Module):
         device, dtype: factory arguments for the parameters.
         precision, fp8_recipe: None, or ``"fp8"`` with an optional
             :class:`cutlass_nn.fp8.Fp8Recipe`: the three projections are FP8 ``CutlassLinear``
-            layers (``precision="fp8"``). The forward then runs the gate and up projections as
-            one FP8 GEMM over their concatenated weights (``fp8.linear``), the gated activation
-            (``functional.gated_act``) and the down projection in FP8; the ``state_dict`` is
-            unchanged.
+            layers (``precision="fp8"``), which the forward calls one by one (each quantizes
+            its own operands, so the result is exactly that of the three layers; a fused FP8
+            form with gate and up as one GEMM would quantize them together and is not made);
+            the ``state_dict`` is unchanged.
 
     Shape:
         input ``[*, hidden_size]`` (empty batches allowed) -> output ``[*, hidden_size]``.
@@ -547,14 +547,14 @@ class GatedMLP(nn.Module):
         if gate.bias is not None and up.bias is not None:
             _pack_adjacent(gate.bias, up.bias)
 
-    def _fusable(self, precision: str | None = None) -> bool:
-        """Whether the fused path (the gated_mlp operator; with precision "fp8", the FP8 one)
-        computes what calling the three projections would: plain CutlassLinear layers of that
-        precision, without hooks."""
+    def _fusable(self) -> bool:
+        """Whether the fused operator computes what calling the three projections would: plain
+        CutlassLinear layers in their dtype (not FP8: the operator's GEMMs are not), without
+        hooks."""
         for layer in (self.gate_proj, self.up_proj, self.down_proj):
             if type(layer) is not CutlassLinear or layer.activation is not None:
                 return False
-            if layer.precision != precision:
+            if layer.precision is not None:
                 return False
             if (
                 layer._forward_hooks
@@ -567,18 +567,6 @@ class GatedMLP(nn.Module):
 
     def forward(self, input: Tensor) -> Tensor:
         gate, up, down = self.gate_proj, self.up_proj, self.down_proj
-        if (
-            gate.precision == "fp8"
-            and self._fusable("fp8")
-            and gate.fp8_recipe == up.fp8_recipe
-            and (gate.bias is None) == (up.bias is None)
-        ):
-            # gate and up as one FP8 GEMM (one quantization of the input), then the gated
-            # activation and the down projection
-            weight = torch.cat([gate.weight, up.weight])
-            bias = None if gate.bias is None else torch.cat([gate.bias, up.bias])
-            h = F.gated_act(_fp8.linear(input, weight, bias, gate.fp8_recipe), self.activation)
-            return _fp8.linear(h, down.weight, down.bias, down.fp8_recipe)
         if not self._fusable():
             return down(_TORCH_ACTS[self.activation](gate(input)) * up(input))
         return _gated_mlp(

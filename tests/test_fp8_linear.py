@@ -153,6 +153,8 @@ def test_layer_errors():
         fp8.linear(torch.randn(2, 4), torch.randn(3, 4), torch.randn(4))
     with pytest.raises(TypeError, match="argument 'input' must be a float16, bfloat16 or float32"):
         fp8.linear(torch.randn(2, 4).to(torch.float8_e4m3fn), torch.randn(3, 4))
+    with pytest.raises(TypeError, match="argument 'weight' must be a float16, bfloat16 or float32"):
+        fp8.linear(torch.randn(2, 4), torch.randn(3, 4, dtype=torch.float64))
 
 
 def test_nonfinite_input_gives_nan_not_garbage():
@@ -170,23 +172,26 @@ def test_nonfinite_input_gives_nan_not_garbage():
 
 @pytest.mark.parametrize("recipe", [Fp8Recipe("tensorwise"), Fp8Recipe("rowwise", "e5m2")], ids=str)
 @pytest.mark.parametrize("bias", [False, True])
-def test_gated_mlp_fp8_equals_reference_composition(recipe, bias):
+def test_gated_mlp_fp8_is_its_three_fp8_projections(recipe, bias):
     torch.manual_seed(3)
     mlp = cutlass_nn.GatedMLP(32, 48, activation="silu", bias=bias, dtype=torch.bfloat16,
                               precision="fp8", fp8_recipe=recipe)
     assert "precision='fp8'" in repr(mlp)
+    assert all(m.precision == "fp8" and m.fp8_recipe == recipe
+               for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
     x = torch.randn(2, 5, 32, dtype=torch.bfloat16, requires_grad=True)
     g = torch.randn(2, 5, 32, dtype=torch.bfloat16)
     y = mlp(x)
     y.backward(g)
-    # the same arithmetic from the reference: gate+up as one FP8 linear, gated_act, down
+    # each projection the reference's FP8 linear, the gate's activation in torch
     params = {n: p.detach().clone().requires_grad_() for n, p in mlp.named_parameters()}
     x2 = x.detach().clone().requires_grad_()
-    w = torch.cat([params["gate_proj.weight"], params["up_proj.weight"]])
-    b = torch.cat([params["gate_proj.bias"], params["up_proj.bias"]]) if bias else None
-    h = cutlass_nn.functional.gated_act(Fp8LinearReference.apply(x2, w, b, recipe), "silu")
-    y2 = Fp8LinearReference.apply(h, params["down_proj.weight"], params.get("down_proj.bias"),
-                                  recipe)
+
+    def proj(name, t):
+        return Fp8LinearReference.apply(t, params[f"{name}.weight"], params.get(f"{name}.bias"),
+                                        recipe)
+
+    y2 = proj("down_proj", torch.nn.functional.silu(proj("gate_proj", x2)) * proj("up_proj", x2))
     y2.backward(g)
     assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad)
     for n, p in mlp.named_parameters():
