@@ -82,7 +82,7 @@ SHAPES = [(256, 512, 384), (1, 64, 16), (77, 200, 48), (130, 264, 1040), (1024, 
 
 
 @needs_sm90
-@pytest.mark.parametrize("config", [0, 1, 3])
+@pytest.mark.parametrize("config", [0, 1, 3, 4])
 @pytest.mark.parametrize("fmt_a", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("scaling", ["tensorwise", "rowwise", "mixed"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -136,7 +136,11 @@ def test_rule_picks_by_tile_count():
     side = 128 * (int(sms**0.5) + 1)
     a, sa, b, sb, _ = operands(side, side, 128)
     ops.fp8_scaled_mm(a, b, sa, sb)
-    assert cutlass_nn.ops._ops._last_kernel_name.default().endswith("_coop")
+    assert cutlass_nn.ops._ops._last_kernel_name.default().endswith("128x128x128_2x1x1_coop")
+    # a full wave of 128x192 tiles: the wider tile
+    a, sa, b, sb, _ = operands(128 * sms, 192, 128)
+    ops.fp8_scaled_mm(a, b, sa, sb)
+    assert cutlass_nn.ops._ops._last_kernel_name.default().endswith("128x192x128_2x1x1_coop")
     # few tiles over a long K: stream-K
     a, sa, b, sb, _ = operands(512, 3584, 8192)
     ops.fp8_scaled_mm(a, b, sa, sb)
@@ -292,3 +296,12 @@ def test_quantize_strided_input_and_nonfinite():
         finite = ~torch.isnan(want_data.float())
         assert torch.equal(data.float().cpu()[finite], want_data.float()[finite])
         assert torch.equal(scale.cpu().isfinite(), want_scale.isfinite())
+
+
+def test_quantize_misaligned_storage_takes_the_element_path():
+    flat = torch.randn(64 * 48 + 1, device="cuda", dtype=torch.bfloat16)
+    x = flat[1:].view(64, 48)  # contiguous, 2 bytes past a 16-byte boundary
+    for axis in ("tensor", "row", "column"):
+        data, scale = ops.fp8_quantize(x, "e5m2", axis)
+        want_data, want_scale = ops.fp8_quantize(x.cpu(), "e5m2", axis)
+        assert torch.equal(_bits(data.cpu()), _bits(want_data)) and torch.equal(scale.cpu(), want_scale)

@@ -61,9 +61,9 @@ struct Fp8GemmParams {
   int config = -1;
 };
 
-// Number of FP8 tile configurations and the name of one (nullptr past the end). Configs 0, 1 and
-// 3 accumulate with promotion, config 2 without (fast accumulation).
-constexpr int kFp8ConfigCount = 4;
+// Number of FP8 tile configurations and the name of one (nullptr past the end). Configs 0, 1, 3
+// and 4 accumulate with promotion, config 2 without (fast accumulation).
+constexpr int kFp8ConfigCount = 5;
 const char* fp8_config_name(int config);
 
 // The configuration the per-shape rule picks (ignores params.config; honours fast_accum).

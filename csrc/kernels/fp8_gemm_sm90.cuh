@@ -68,6 +68,14 @@ struct Fp8TileConfig<3> : Fp8TileConfig<0> {
   using TileScheduler = cutlass::gemm::StreamKScheduler;
 };
 
+// 4: 128x192 tile, 2-CTA cluster along M, cooperative, persistent, promoted: each consumer
+// warpgroup holds 64x192 (96 + 96 accumulator registers per thread, the widest promoted tile
+// that fits the register file); 1.5x config 0's arithmetic per byte of shared memory read.
+template <>
+struct Fp8TileConfig<4> : Fp8TileConfig<0> {
+  using TileShape = cute::Shape<cute::_128, cute::_192, cute::_128>;
+};
+
 template <Fp8Format F>
 struct Fp8Element;
 template <>

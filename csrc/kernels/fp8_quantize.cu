@@ -9,6 +9,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace cutlass_nn {
 namespace kernels {
@@ -33,6 +34,29 @@ __device__ __forceinline__ float load_float<__nv_bfloat16>(const __nv_bfloat16* 
 
 __device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(fabsf(v)); }
 
+// 16-byte packs: kPack elements of T loaded with one instruction (the vectorized paths run where
+// the row length is a multiple of kPack and x is 16-byte aligned).
+template <class T>
+struct Pack {
+  static constexpr int kElems = 16 / sizeof(T);
+  __device__ __forceinline__ static void load(const T* p, float (&v)[kElems]) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) v[i] = load_float(e, i);
+  }
+};
+
+template <class T>
+__device__ __forceinline__ uint32_t pack_max(const T* p) {
+  float v[Pack<T>::kElems];
+  Pack<T>::load(p, v);
+  uint32_t m = 0;
+#pragma unroll
+  for (int i = 0; i < Pack<T>::kElems; ++i) m = max(m, abs_bits(v[i]));
+  return m;
+}
+
 // qs = largest / clamp_min(amax, floor) as the reference computes it: the reciprocal, then the
 // product, each rounded to float32; clamp_min keeps a NaN (as torch's does).
 __device__ __forceinline__ float quant_scale(uint32_t amax_bits, float largest) {
@@ -49,13 +73,22 @@ __device__ __forceinline__ uint8_t to_fp8(float v, float qs, float largest, Fp8F
 }
 
 // Maximum over one row per block (grid-stride over rows); written directly.
-template <class T>
+template <class T, bool kVec>
 __global__ void amax_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                  uint32_t* __restrict__ amax) {
   __shared__ uint32_t warp_max[32];
+  constexpr int E = Pack<T>::kElems;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     uint32_t m = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = max(m, abs_bits(load_float(x, r * cols + c)));
+    if constexpr (kVec) {
+      for (int64_t c = threadIdx.x * int64_t(E); c < cols; c += int64_t(blockDim.x) * E) {
+        m = max(m, pack_max(x + r * cols + c));
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        m = max(m, abs_bits(load_float(x, r * cols + c)));
+      }
+    }
     m = __reduce_max_sync(0xffffffffu, m);
     if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
     __syncthreads();
@@ -69,12 +102,17 @@ __global__ void amax_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t 
 }
 
 // Maximum over everything: grid-stride, one atomicMax per warp.
-template <class T>
+template <class T, bool kVec>
 __global__ void amax_tensor_kernel(const T* __restrict__ x, int64_t n, uint32_t* __restrict__ amax) {
   uint32_t m = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    m = max(m, abs_bits(load_float(x, i)));
+  constexpr int E = kVec ? Pack<T>::kElems : 1;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * E; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * E) {
+    if constexpr (kVec) {
+      m = max(m, pack_max(x + i));
+    } else {
+      m = max(m, abs_bits(load_float(x, i)));
+    }
   }
   m = __reduce_max_sync(0xffffffffu, m);
   if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax, m);
@@ -110,17 +148,37 @@ __device__ __forceinline__ void write_scales(const uint32_t* amax, float* scale,
 
 // data[r, c] = cast(x[r, c] * qs): rows over blocks (grid-stride), columns over threads; then the
 // scales.
-template <class T>
+template <class T, bool kVec>
 __global__ void cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, Fp8Axis axis,
                             Fp8Format format, float largest, const uint32_t* __restrict__ amax,
                             uint8_t* __restrict__ data, float* __restrict__ scale,
                             int64_t scale_count) {
   const float tensor_qs = quant_scale(amax[0], largest);
+  constexpr int E = Pack<T>::kElems;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float row_qs = axis == Fp8Axis::kRow ? quant_scale(amax[r], largest) : tensor_qs;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float qs = axis == Fp8Axis::kColumn ? quant_scale(amax[c], largest) : row_qs;
-      data[r * cols + c] = to_fp8(load_float(x, r * cols + c), qs, largest, format);
+    if constexpr (kVec) {
+      // E elements in, E bytes out (8 for 16-bit x, 4 for float32) with one store each
+      for (int64_t c = threadIdx.x * int64_t(E); c < cols; c += int64_t(blockDim.x) * E) {
+        float v[E];
+        Pack<T>::load(x + r * cols + c, v);
+        using Store = std::conditional_t<E == 8, uint2, uint32_t>;
+        union {
+          uint8_t bytes[E];
+          Store word;
+        } out;
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+          const float qs = axis == Fp8Axis::kColumn ? quant_scale(amax[c + i], largest) : row_qs;
+          out.bytes[i] = to_fp8(v[i], qs, largest, format);
+        }
+        *reinterpret_cast<Store*>(data + r * cols + c) = out.word;
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float qs = axis == Fp8Axis::kColumn ? quant_scale(amax[c], largest) : row_qs;
+        data[r * cols + c] = to_fp8(load_float(x, r * cols + c), qs, largest, format);
+      }
     }
   }
   write_scales(amax, scale, scale_count, largest);
@@ -152,7 +210,7 @@ __global__ void cast_transposed_kernel(const T* __restrict__ x, int64_t rows, in
   write_scales(amax, scale, scale_count, largest);
 }
 
-template <class T>
+template <class T, bool kVec>
 cudaError_t run(const Fp8QuantizeParams& p, cudaStream_t stream) {
   const T* x = static_cast<const T*>(p.x);
   const int64_t count = fp8_scale_count(p.axis, p.rows, p.cols);
@@ -166,10 +224,10 @@ cudaError_t run(const Fp8QuantizeParams& p, cudaStream_t stream) {
     if (p.axis == Fp8Axis::kRow) {
       const int threads = p.cols >= 1024 ? 512 : 128;
       const int64_t blocks = std::min<int64_t>(p.rows, int64_t(sms) * 16);
-      amax_rows_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(x, p.rows, p.cols, p.amax);
+      amax_rows_kernel<T, kVec><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(x, p.rows, p.cols, p.amax);
     } else if (p.axis == Fp8Axis::kTensor) {
       const int64_t blocks = std::min<int64_t>((n + 255) / 256, int64_t(sms) * 8);
-      amax_tensor_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, n, p.amax);
+      amax_tensor_kernel<T, kVec><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, n, p.amax);
     } else {
       const int64_t col_blocks = (p.cols + 31) / 32;
       int64_t row_blocks = std::max<int64_t>(1, int64_t(sms) * 8 / col_blocks);
@@ -189,19 +247,28 @@ cudaError_t run(const Fp8QuantizeParams& p, cudaStream_t stream) {
   } else {
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(std::max(p.rows, (count + 255) / 256),
                                                                   int64_t(sms) * 16));
-    cast_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, p.rows, p.cols, p.axis, p.format,
+    cast_kernel<T, kVec><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, p.rows, p.cols, p.axis, p.format,
                                                                      largest, p.amax, data, p.scale, count);
   }
   return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t run_any(const Fp8QuantizeParams& p, cudaStream_t stream) {
+  // 16-byte packs where every row starts on a pack: x 16-byte aligned and the row length a
+  // multiple of the pack (the data rows then start on 8- / 4-byte boundaries for the stores).
+  const bool vec = reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && reinterpret_cast<uintptr_t>(p.data) % 16 == 0 &&
+                   p.cols % Pack<T>::kElems == 0;
+  return vec ? run<T, true>(p, stream) : run<T, false>(p, stream);
 }
 
 }  // namespace
 
 cudaError_t launch_fp8_quantize(const Fp8QuantizeParams& params, cudaStream_t stream) {
   switch (params.dtype_x) {
-    case DType::kFloat32: return run<float>(params, stream);
-    case DType::kFloat16: return run<__half>(params, stream);
-    case DType::kBFloat16: return run<__nv_bfloat16>(params, stream);
+    case DType::kFloat32: return run_any<float>(params, stream);
+    case DType::kFloat16: return run_any<__half>(params, stream);
+    case DType::kBFloat16: return run_any<__nv_bfloat16>(params, stream);
     default: return cudaErrorInvalidValue;
   }
 }
