@@ -193,7 +193,8 @@ __global__ void cast_transposed_kernel(const T* __restrict__ x, int64_t rows, in
                                        int64_t scale_count) {
   __shared__ uint8_t tile[32][33];
   const float tensor_qs = quant_scale(amax[0], largest);
-  const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;
+  // row tiles on grid.x (up to 2^31 - 1 of them: any token count), column tiles on grid.y
+  const int64_t r0 = int64_t(blockIdx.x) * 32, c0 = int64_t(blockIdx.y) * 32;
   for (int j = threadIdx.y; j < 32; j += blockDim.y) {
     const int64_t r = r0 + j, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
@@ -240,8 +241,8 @@ cudaError_t run(const Fp8QuantizeParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   if (p.transpose && n > 0) {
-    const dim3 grid(static_cast<unsigned>((p.cols + 31) / 32), static_cast<unsigned>((p.rows + 31) / 32));
-    if (grid.y > 65535) return cudaErrorInvalidConfiguration;
+    const dim3 grid(static_cast<unsigned>((p.rows + 31) / 32), static_cast<unsigned>((p.cols + 31) / 32));
+    if (grid.y > 65535) return cudaErrorInvalidConfiguration;  // more than 2,097,120 columns
     cast_transposed_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(x, p.rows, p.cols, p.axis, p.format,
                                                                largest, p.amax, data, p.scale, count);
   } else {
