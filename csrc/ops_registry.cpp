@@ -121,6 +121,19 @@ static int64_t set_fp8_config(int64_t config) {
 #endif
 }
 
+// Force one rasterization swizzle of the FP8 kernels (1, 2, 4, 8; 0 = the rule's); returns the
+// previous one. For the FP8 kernel tests and the benchmark's sweep.
+static int64_t set_fp8_swizzle(int64_t swizzle) {
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::set_fp8_swizzle(swizzle);
+#else
+  TORCH_CHECK(swizzle == 0 || swizzle == 1 || swizzle == 2 || swizzle == 4 || swizzle == 8,
+              "cutlass_nn._set_fp8_swizzle: argument 'swizzle' must be 0 (the rule's), 1, 2, 4 "
+              "or 8, got ", std::to_string(swizzle));
+  return 0;
+#endif
+}
+
 // Names of the FP8 tile configurations, one per line, in index order ("" in the CPU flavor).
 static std::string fp8_configs() {
 #ifdef CUTLASS_NN_WITH_CUDA
@@ -343,6 +356,7 @@ TORCH_LIBRARY(cutlass_nn, m) {
   m.def("_set_gemm_config(int config, int swizzle, int splits=0) -> int[]", &set_gemm_config);
   m.def("_gemm_configs() -> str", &gemm_configs);
   m.def("_set_fp8_config(int config) -> int", &set_fp8_config);
+  m.def("_set_fp8_swizzle(int swizzle) -> int", &set_fp8_swizzle);
   m.def("_fp8_configs() -> str", &fp8_configs);
   m.def("_autotune_mode(int mode) -> int", &autotune_mode);
   m.def("_autotune_entries() -> (int[], float[], str[])", &autotune_entries);

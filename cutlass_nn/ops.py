@@ -323,15 +323,23 @@ def fp8_configs() -> list[str]:
 
 
 @contextlib.contextmanager
-def force_fp8_config(config: int) -> Iterator[None]:
+def force_fp8_config(config: int, swizzle: int = 0) -> Iterator[None]:
     """Within the block, every FP8 GEMM whose kernel takes the problem runs tile configuration
-    ``config`` (an index into :func:`fp8_configs`; where that configuration has no kernel for
-    the formats and output dtype, the ATen path runs). For tests and benchmarks; process-wide."""
-    previous = _ops._set_fp8_config.default(int(config))
+    ``config`` (an index into :func:`fp8_configs`, or -1 for the per-shape rule; where that
+    configuration has no kernel for the formats and output dtype, the ATen path runs) with the
+    tile scheduler's rasterization ``swizzle`` (1, 2, 4 or 8; 0: the rule's for the rule's
+    configuration, none for a forced one). For tests and benchmarks; process-wide."""
+    previous_swizzle = _ops._set_fp8_swizzle.default(int(swizzle))
+    try:
+        previous = _ops._set_fp8_config.default(int(config))
+    except Exception:
+        _ops._set_fp8_swizzle.default(previous_swizzle)
+        raise
     try:
         yield
     finally:
         _ops._set_fp8_config.default(previous)
+        _ops._set_fp8_swizzle.default(previous_swizzle)
 
 
 # ---------------------------------------------------------------------------------------------

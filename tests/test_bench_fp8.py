@@ -49,3 +49,10 @@ def test_arguments():
     with pytest.raises(SystemExit):
         fp8.parse_args(["--scalings", "blockwise"])
     assert cli._delegated_what(["--what", "fp8"]) == "fp8"
+
+
+def test_configs_argument_takes_swizzles():
+    assert fp8.parse_args(["--configs", "0,4s2,3s8"]).configs == "0,4s2,3s8"
+    for bad in ("0,s2", "4s3", "x"):
+        with pytest.raises(SystemExit):
+            fp8.parse_args(["--configs", bad])

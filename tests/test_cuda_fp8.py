@@ -100,6 +100,23 @@ def test_kernels_bf16(config, fmt_a, scaling, shape):
 
 
 @needs_sm90
+@pytest.mark.parametrize("config", [0, 3, 4])
+@pytest.mark.parametrize("swizzle", [2, 4, 8])
+@pytest.mark.parametrize("shape", [(1024, 1536, 512), (77, 200, 48), (640, 3072, 1024)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_kernels_swizzled(config, swizzle, shape):
+    """The tile scheduler's rasterization swizzle moves tiles between CTAs, never values: every
+    tile still written once, the result against float64 as unswizzled."""
+    m, n, k = shape
+    a, sa, b, sb, bias = operands(m, n, k, "e4m3", "rowwise", seed=5 * m + n, bias_dtype=torch.bfloat16)
+    with ops.force_fp8_config(config, swizzle):
+        out = ops.fp8_scaled_mm(a, b, sa, sb, bias, torch.bfloat16)
+    name = cutlass_nn.ops._ops._last_kernel_name.default()
+    assert name.endswith(ops.fp8_configs()[config]), name
+    check(out, reference64(a, sa, b, sb, bias), tolerance(torch.bfloat16), f"{name} swizzle {swizzle}")
+
+
+@needs_sm90
 @pytest.mark.parametrize("fmt_a", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))

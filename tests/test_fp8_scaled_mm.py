@@ -161,6 +161,16 @@ def test_configs_hooks_on_cpu_flavor_or_cuda():
         pass
     with pytest.raises(RuntimeError, match="_set_fp8_config: argument 'config'"):
         torch.ops.cutlass_nn._set_fp8_config.default(-2)
+    with pytest.raises(RuntimeError, match="_set_fp8_swizzle: argument 'swizzle' must be 0 .* got 3"):
+        torch.ops.cutlass_nn._set_fp8_swizzle.default(3)
+    # a refused configuration leaves the swizzle as it was
+    with pytest.raises(RuntimeError, match="_set_fp8_config"):
+        with ops.force_fp8_config(-5, swizzle=4):
+            pass
+    assert torch.ops.cutlass_nn._set_fp8_swizzle.default(0) == 0
+    with ops.force_fp8_config(-1, swizzle=2):
+        assert torch.ops.cutlass_nn._set_fp8_swizzle.default(2) == 2
+    assert torch.ops.cutlass_nn._set_fp8_swizzle.default(0) == 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ namespace cuda {
 namespace {
 
 std::atomic<int> g_fp8_config{-1};
+std::atomic<int> g_fp8_swizzle{0};
 
 kernels::Fp8Format format_of(const at::Tensor& t) {
   return t.scalar_type() == c10::kFloat8_e5m2 ? kernels::Fp8Format::kE5M2
@@ -61,13 +62,20 @@ at::Tensor fp8_scaled_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   const DeviceInfo& info = device_info(a.get_device());
 
+  // What no kernel takes whatever the layout (float16 out, an empty dimension, not Hopper, an
+  // e5m2 B, K not a multiple of 16 bytes) goes to the ATen formulation before any copy is made.
+  const bool no_kernel = out_dtype == c10::kHalf || m == 0 || n == 0 || k == 0 || info.sm != 90 ||
+                         b.scalar_type() == c10::kFloat8_e5m2 || k % 16 != 0;
+  if (no_kernel) {
+    set_last_kernel_name(kAtenFallback);
+    return fp8_scaled_mm_aten(a, b, a_scale, b_scale, bias, out_dtype);
+  }
   const at::Tensor a_k = k_major_rows(a);
   const at::Tensor b_k = k_major_columns(b);
   const at::Tensor a_scale_c = a_scale.contiguous();
   const at::Tensor b_scale_c = b_scale.contiguous();
   std::optional<at::Tensor> bias_c;
   if (bias.has_value() && bias->defined()) bias_c = bias->contiguous();
-  at::Tensor out = empty_output({m, n}, a.options().dtype(out_dtype));
 
   kernels::Fp8GemmParams p;
   p.m = m;
@@ -84,24 +92,26 @@ at::Tensor fp8_scaled_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at
   p.b_scale = b_scale_c.data_ptr<float>();
   p.b_scale_per_col = fp8_scale_is_vector(b_scale);
   p.bias = bias_c.has_value() ? bias_c->data_ptr() : nullptr;
-  p.d = out.data_ptr();
   p.ldd = n;
   p.dtype_d = out_dtype == c10::kFloat ? kernels::DType::kFloat32 : kernels::DType::kBFloat16;
   p.sm = info.sm;
   p.multiprocessors = info.multiprocessors;
   p.fast_accum = use_fast_accum;
   p.config = g_fp8_config.load();
-
-  const char* name = out_dtype == c10::kHalf || m == 0 || n == 0 || k == 0
-                         ? ""
-                         : kernels::fp8_gemm_kernel_name(p);
+  p.swizzle = g_fp8_swizzle.load();
+  // The output is 16-byte aligned by the allocator; the kernels' other conditions (strides,
+  // operand alignment) are checked on the K-major operands, once, with the kernel choice.
+  p.d = reinterpret_cast<void*>(uintptr_t{256});
+  size_t workspace_bytes = 0;
+  const char* name = kernels::plan_fp8_gemm(&p, &workspace_bytes);
   if (*name == '\0') {
-    // No FP8 kernel for this problem (not an SM90 GPU, float16 out, K or N not a multiple of 16
-    // bytes, an empty dimension): the same arithmetic in ATen operations.
+    // No FP8 kernel for this problem (an operand pointer or leading dimension not 16-byte
+    // aligned, a size past the kernels' int range): the same arithmetic in ATen operations.
     set_last_kernel_name(kAtenFallback);
     return fp8_scaled_mm_aten(a, b, a_scale, b_scale, bias, out_dtype);
   }
-  const size_t workspace_bytes = kernels::fp8_gemm_workspace_size(p);
+  at::Tensor out = empty_output({m, n}, a.options().dtype(out_dtype));
+  p.d = out.data_ptr();
   at::Tensor workspace;
   if (workspace_bytes > 0) {
     workspace = empty_output({static_cast<int64_t>(workspace_bytes)}, a.options().dtype(at::kByte));
@@ -166,6 +176,13 @@ int64_t set_fp8_config(int64_t config) {
               "an FP8 configuration index 0..", std::to_string(kernels::kFp8ConfigCount - 1),
               ", got ", std::to_string(config));
   return g_fp8_config.exchange(static_cast<int>(config));
+}
+
+int64_t set_fp8_swizzle(int64_t swizzle) {
+  TORCH_CHECK(swizzle == 0 || swizzle == 1 || swizzle == 2 || swizzle == 4 || swizzle == 8,
+              "cutlass_nn._set_fp8_swizzle: argument 'swizzle' must be 0 (the rule's), 1, 2, 4 "
+              "or 8, got ", std::to_string(swizzle));
+  return g_fp8_swizzle.exchange(static_cast<int>(swizzle));
 }
 
 std::string fp8_config_names() {

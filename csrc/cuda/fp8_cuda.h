@@ -11,6 +11,10 @@ namespace cuda {
 // the previous setting. Process-wide.
 int64_t set_fp8_config(int64_t config);
 
+// Force one rasterization swizzle of the FP8 kernels' tile scheduler (1, 2, 4 or 8; 0 = the
+// rule's); returns the previous setting. Process-wide.
+int64_t set_fp8_swizzle(int64_t swizzle);
+
 // The FP8 tile configuration names, one per line, in index order.
 std::string fp8_config_names();
 

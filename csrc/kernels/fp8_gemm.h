@@ -59,6 +59,11 @@ struct Fp8GemmParams {
   // Tile configuration (Fp8TileConfig<N> of fp8_gemm_sm90.cuh): -1 = the per-shape rule of
   // fp8_gemm_dispatch.cu; N >= 0 forces one (tests, the benchmark's sweep).
   int config = -1;
+
+  // Rasterization swizzle of the persistent tile scheduler (1 = none; 2, 4, 8: that many
+  // neighbouring tiles share an operand block in L2): 0 = the rule's (choose_fp8_swizzle);
+  // N > 0 forces one (tests, the benchmark's sweep).
+  int swizzle = 0;
 };
 
 // Number of FP8 tile configurations and the name of one (nullptr past the end). Configs 0, 1, 3
@@ -68,6 +73,14 @@ const char* fp8_config_name(int config);
 
 // The configuration the per-shape rule picks (ignores params.config; honours fast_accum).
 int choose_fp8_config(const Fp8GemmParams& params);
+
+// The swizzle the rule picks for a configuration (ignores params.swizzle).
+int choose_fp8_swizzle(const Fp8GemmParams& params, int config);
+
+// Resolves params->config and params->swizzle (the rule's where they are not forced) and returns
+// the kernel that runs the problem ("" when none does, as fp8_gemm_kernel_name) and, through
+// *workspace_bytes, the workspace it needs: the binding's one selection per call.
+const char* plan_fp8_gemm(Fp8GemmParams* params, size_t* workspace_bytes);
 
 // The name of the kernel that would run these params, "" when none does: not an SM90 device or
 // build, a format / output dtype pair without a kernel, or a problem the kernels do not take

@@ -115,6 +115,30 @@ int choose_fp8_config(const Fp8GemmParams& p) {
   return 0;
 }
 
+// No swizzle until a sweep shows one pays (benchmarks/NOTES.md, FP8).
+int choose_fp8_swizzle(const Fp8GemmParams& params, int config) {
+  (void)params;
+  (void)config;
+  return 1;
+}
+
+const char* plan_fp8_gemm(Fp8GemmParams* params, size_t* workspace_bytes) {
+  *workspace_bytes = 0;
+#if defined(CUTLASS_NN_HAS_SM90)
+  const bool forced = params->config >= 0;
+  if (!forced) params->config = choose_fp8_config(*params);
+  // the rule's swizzle goes with the rule's configuration only
+  if (params->swizzle <= 0) params->swizzle = forced ? 1 : choose_fp8_swizzle(*params, params->config);
+  const Fp8Kernel* k = find_kernel(*params);
+  if (k == nullptr) return "";
+  k->launch(*params, nullptr, 0, nullptr, nullptr, workspace_bytes);
+  return k->name;
+#else
+  (void)params;
+  return "";
+#endif
+}
+
 const char* fp8_gemm_kernel_name(const Fp8GemmParams& params) {
 #if defined(CUTLASS_NN_HAS_SM90)
   const Fp8Kernel* k = find_kernel(params);

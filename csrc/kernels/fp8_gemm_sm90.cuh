@@ -165,6 +165,8 @@ struct Fp8Gemm {
          stride_b},
         {{}, nullptr, stride_c, static_cast<ElementD*>(p.d), stride_d},
         hw_info};
+    // Rasterization swizzle (fp8_gemm.h): neighbouring tiles share an operand block in L2.
+    if (p.swizzle > 0) args.scheduler.max_swizzle_size = p.swizzle;
     // The visitor tree's arguments, children first, in the order of Fp8ScaledEpilogue::Tree.
     args.epilogue.thread = {
         {p.b_scale, 1.0f, {_0{}, p.b_scale_per_col, int64_t(0)}},  // BScale

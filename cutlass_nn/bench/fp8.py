@@ -6,7 +6,7 @@ Usage::
 
     python -m cutlass_nn.bench --what fp8 [--tokens 512,4096,16384] [--families ...]
         [--scalings tensorwise,rowwise] [--grad-format e4m3|e5m2] [--fast-accum-forward]
-        [--reps 25] [--configs 0,1,3] [--quantize] [--out DIR]
+        [--reps 25] [--configs 0,1,3,0s2] [--quantize] [--out DIR]
 
 Per layer (N out, K in) and token count T, the three GEMMs of an FP8 linear layer on operands
 quantized as the recipe says (cutlass_nn.fp8_reference): forward ``x [T, K] @ w^T`` (e4m3 x
@@ -27,6 +27,7 @@ say so and have no ratio. The summary gives the geometric mean per GEMM and the 
 from __future__ import annotations
 
 import argparse
+import re
 import json
 import math
 import statistics
@@ -67,9 +68,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    "arithmetic in torch operations (fp8_reference.quantize_unchecked)")
     p.add_argument("--configs", default="",
                    help="also time these forced FP8 tile configurations (indices into "
-                   "cutlass_nn.ops.fp8_configs(), e.g. 0,1,3) on every row: config<N>_ms")
+                   "cutlass_nn.ops.fp8_configs(), e.g. 0,1,3) on every row: config<N>_ms; "
+                   "<N>s<S> runs configuration N with rasterization swizzle S (1, 2, 4, 8): "
+                   "config<N>s<S>_ms")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(list(argv))
+    for c in _csv(args.configs):
+        if not re.fullmatch(r"\d+(s[1248])?", c):
+            p.error(f"--configs: {c!r} is not a configuration index N or NsS (S = 1, 2, 4, 8)")
     for s in _csv(args.scalings):
         if s not in R.SCALINGS:
             p.error(f"--scalings: unknown scaling {s!r}; known: {', '.join(R.SCALINGS)}")
@@ -178,8 +184,10 @@ def measure_row(op, shape, scaling, grad_format, fast_accum, reps, configs=()) -
     row["kernel"] = torch.ops.cutlass_nn._last_kernel_name.default()
     fns = {"ours": ours, "bf16": bf16}
     for c in configs:
-        def forced(c=c):
-            with ops.force_fp8_config(c):
+        config, _, swizzle = str(c).partition("s")
+
+        def forced(config=int(config), swizzle=int(swizzle or 0)):
+            with ops.force_fp8_config(config, swizzle):
                 return ops.fp8_scaled_mm(a, b, sa, sb, None, torch.bfloat16, fast)
 
         fns[f"config{c}"] = forced
@@ -274,7 +282,7 @@ def main(argv: Sequence[str]) -> int:
         for shape in shapes:
             for op in OPS:
                 row = measure_row(op, shape, scaling, args.grad_format, args.fast_accum_forward,
-                                  args.reps, [int(c) for c in _csv(args.configs)])
+                                  args.reps, _csv(args.configs))
                 rows.append(row)
                 ratio = f"{row['ratio']:.3f}" if "ratio" in row else "n/a"
                 print(f"{scaling:10s} {op:5s} T={shape[0]:5d} N={shape[1]:5d} K={shape[2]:5d} "
