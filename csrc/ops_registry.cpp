@@ -41,6 +41,9 @@
 #ifndef CUTLASS_NN_CUTLASS_VERSION
 #define CUTLASS_NN_CUTLASS_VERSION ""
 #endif
+#ifndef CUTLASS_NN_KERNEL_SET
+#define CUTLASS_NN_KERNEL_SET ""  // the CPU flavor has no GEMM kernels
+#endif
 #ifndef CUTLASS_NN_TORCH_VERSION
 #define CUTLASS_NN_TORCH_VERSION ""
 #endif
@@ -63,7 +66,8 @@ namespace cutlass_nn {
 static std::string build_info() {
   return std::string("flavor=") + CUTLASS_NN_FLAVOR + "\ncuda_archs=" + CUTLASS_NN_CUDA_ARCHS +
          "\ncutlass_version=" + CUTLASS_NN_CUTLASS_VERSION +
-         "\ntorch_version=" + CUTLASS_NN_TORCH_VERSION + "\n";
+         "\ntorch_version=" + CUTLASS_NN_TORCH_VERSION +
+         "\nkernel_set=" + CUTLASS_NN_KERNEL_SET + "\n";
 }
 
 // Whether the backward pass running on this thread keeps its graph (retain_graph / create_graph:

@@ -17,8 +17,8 @@ The flavor is decided from the installed torch and toolkit -- never from
 * CUDA flavor: torch is a CUDA build and ``CUDA_HOME`` holds nvcc. The CPU implementations plus the
   CUDA bindings and CUTLASS kernels are compiled.
 
-Build knobs (environment variables): ``CUTLASS_NN_CUDA_ARCHS``, ``CUTLASS_DIR`` (read here) and
-``MAX_JOBS`` (read by torch). See README.md, 'Build knobs'.
+Build knobs (environment variables): ``CUTLASS_NN_CUDA_ARCHS``, ``CUTLASS_NN_KERNEL_SET``,
+``CUTLASS_DIR`` (read here) and ``MAX_JOBS`` (read by torch). See README.md, 'Build knobs'.
 """
 
 from __future__ import annotations
@@ -159,6 +159,32 @@ def cxx_standard() -> str:
     return "-std=c++20" if (major, minor) >= (2, 14) else "-std=c++17"
 
 
+KERNEL_SETS = ("full", "ci")
+SUBSET_LIST = os.path.join(ROOT, "csrc", "kernels", "generated", "kernel_subset.txt")
+
+
+def choose_kernel_set(log: Log = log) -> str:
+    """``CUTLASS_NN_KERNEL_SET``: ``full`` (default) compiles every generated GEMM kernel;
+    ``ci`` only the representative set of ``csrc/kernels/generated/kernel_subset.txt`` (one
+    kernel per family; the other dtypes / layouts then run on the fallback kernels): a proof that
+    every template path compiles and links, for a CI machine, not a build to run models with."""
+    kernel_set = os.environ.get("CUTLASS_NN_KERNEL_SET", "full").strip() or "full"
+    if kernel_set not in KERNEL_SETS:
+        raise BuildConfigError(
+            f"CUTLASS_NN_KERNEL_SET must be one of {', '.join(KERNEL_SETS)}, got {kernel_set!r}"
+        )
+    if kernel_set == "ci":
+        log("CUTLASS_NN_KERNEL_SET=ci: compiling the representative GEMM kernels only (one per "
+            "family; not a build for real work)")
+    return kernel_set
+
+
+def subset_sources() -> set[str]:
+    with open(SUBSET_LIST) as f:
+        names = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    return {os.path.join("csrc", "kernels", "generated", n) for n in names}
+
+
 def relative(paths: list[str]) -> list[str]:
     return sorted(os.path.relpath(p, ROOT) for p in paths)
 
@@ -195,18 +221,25 @@ def extension_config(log: Log = log) -> ExtensionConfig:
         return ExtensionConfig(False, [], sources, defines, cxx_flags)
 
     include_dirs, cutlass_version = find_cutlass(log)
+    kernel_set = choose_kernel_set(log)
+    generated = _sources(os.path.join("kernels", "generated", "*.cu"))
+    if kernel_set == "ci":
+        keep = subset_sources()
+        generated = [s for s in generated if s in keep]
     sources += _sources(
         os.path.join("cuda", "*.cpp"),
         os.path.join("cuda", "*.cu"),
         os.path.join("kernels", "*.cu"),
-        os.path.join("kernels", "generated", "*.cu"),
-    )
+    ) + generated
     defines += [
         ("CUTLASS_NN_FLAVOR", '"cuda"'),
         ("CUTLASS_NN_WITH_CUDA", "1"),
         ("CUTLASS_NN_CUDA_ARCHS", f'"{";".join(archs)}"'),
         ("CUTLASS_NN_CUTLASS_VERSION", f'"{cutlass_version}"'),
+        ("CUTLASS_NN_KERNEL_SET", f'"{kernel_set}"'),
     ]
+    if kernel_set == "ci":
+        defines.append(("CUTLASS_NN_KERNEL_SUBSET", "1"))
     if "90a" in archs:
         defines.append(("CUTLASS_NN_HAS_SM90", "1"))
     nvcc_flags = [

@@ -65,8 +65,10 @@ def build_info() -> dict[str, str]:
 
     Returns:
         A dict with keys ``flavor`` (``"cpu"`` or ``"cuda"``), ``cuda_archs`` (``;``-separated,
-        empty for the CPU flavor), ``cutlass_version`` and ``torch_version`` (the torch the
-        extension was compiled against).
+        empty for the CPU flavor), ``cutlass_version``, ``torch_version`` (the torch the
+        extension was compiled against) and ``kernel_set`` (``"full"``, or ``"ci"`` for a build
+        of one GEMM kernel per family made with ``CUTLASS_NN_KERNEL_SET=ci``; empty for the CPU
+        flavor).
     """
     info = {}
     for line in torch.ops.cutlass_nn.build_info().splitlines():

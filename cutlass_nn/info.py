@@ -8,6 +8,13 @@ import cutlass_nn
 from cutlass_nn._extension import build_info
 
 
+def _kernel_set_line(kernel_set: str) -> str:
+    if kernel_set == "ci":
+        return ("ci (one kernel per family, built with CUTLASS_NN_KERNEL_SET=ci to prove the build; "
+                "rebuild without it for real work)")
+    return kernel_set or "(none: CPU-only build)"
+
+
 def describe() -> str:
     """A multi-line report: versions, build flavor, compiled GPU archs and visible GPUs."""
     info = build_info()
@@ -16,6 +23,7 @@ def describe() -> str:
         f"build flavor: {info['flavor']}",
         f"compiled GPU architectures: {info['cuda_archs'] or '(none: CPU-only build)'}",
         f"CUTLASS version: {info['cutlass_version'] or '(not used by the CPU flavor)'}",
+        f"GEMM kernel set: {_kernel_set_line(info.get('kernel_set', ''))}",
         f"torch: {torch.__version__} (extension built against {info['torch_version']})",
         f"torch CUDA: {torch.version.cuda or '(CPU build)'}",
     ]

@@ -103,3 +103,64 @@ def test_missing_cutlass_package_says_how_to_get_it(monkeypatch):
 def test_cxx_standard_follows_torch(monkeypatch, version, flag):
     monkeypatch.setattr(torch, "__version__", version)
     assert bc.cxx_standard() == flag
+
+
+def test_kernel_set_defaults_to_full_and_refuses_unknown_sets(monkeypatch, logged):
+    monkeypatch.delenv("CUTLASS_NN_KERNEL_SET", raising=False)
+    assert bc.choose_kernel_set(logged.append) == "full" and logged == []
+    monkeypatch.setenv("CUTLASS_NN_KERNEL_SET", "some")
+    with pytest.raises(bc.BuildConfigError, match="CUTLASS_NN_KERNEL_SET must be one of full, ci, got 'some'"):
+        bc.choose_kernel_set(logged.append)
+
+
+def _cuda_config(monkeypatch, tmp_path, kernel_set):
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    (tmp_path / "bin" / "nvcc").write_text("")
+    monkeypatch.delenv("CUTLASS_NN_CUDA_ARCHS", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path))
+    monkeypatch.setattr(bc, "find_cutlass", lambda log: ([str(tmp_path)], "4.2.0"))
+    monkeypatch.setenv("CUTLASS_NN_KERNEL_SET", kernel_set)
+    return bc.extension_config(lambda msg: None)
+
+
+def test_ci_kernel_set_compiles_one_kernel_per_family(monkeypatch, tmp_path):
+    """CUTLASS_NN_KERNEL_SET=ci keeps every hand-written source and, of the generated kernels,
+    the subset list (one per family, every family present); the registry leaves out exactly the
+    rows of the kernels it does not compile."""
+    import pathlib
+    import re
+    import sys as _sys
+
+    full = _cuda_config(monkeypatch, tmp_path, "full")
+    ci = _cuda_config(monkeypatch, tmp_path, "ci")
+    gen = "csrc/kernels/generated/"
+    full_gen = {s for s in full.sources if s.startswith(gen)}
+    ci_gen = {s for s in ci.sources if s.startswith(gen)}
+    assert ci_gen < full_gen and f"{gen}fallback_all.cu" in ci_gen
+    # every file of the list exists (a listed file the glob does not find would be a silent gap)
+    assert {f"{gen}{n}" for n in open(bc.SUBSET_LIST).read().split() if not n.startswith("#")
+            and n.endswith(".cu")} == ci_gen
+    assert {s for s in full.sources if not s.startswith(gen)} == {
+        s for s in ci.sources if not s.startswith(gen)}
+    assert ("CUTLASS_NN_KERNEL_SUBSET", "1") in ci.define_macros
+    assert ("CUTLASS_NN_KERNEL_SET", '"ci"') in ci.define_macros
+    assert all(name != "CUTLASS_NN_KERNEL_SUBSET" for name, _ in full.define_macros)
+
+    root = pathlib.Path(bc.ROOT)
+    _sys.path.insert(0, str(root / "scripts"))
+    try:
+        import generate_kernels as gk
+    finally:
+        _sys.path.remove(str(root / "scripts"))
+    kernels = gk.kernel_list()
+    families = {gk.family_key(k) for k in kernels}
+    kept = {k for k in kernels if f"{gen}{k.name}.cu" in ci_gen}
+    assert {gk.family_key(k) for k in kept} | {gk.family_key(k) for k in kernels
+                                                if k.family == "kFallback"} == families
+    assert len({gk.family_key(k) for k in kept}) == len(kept)  # one per family
+    # registry rows compiled in subset mode = the kept kernels + the fallbacks
+    registry = (root / gen / "kernel_registry.inc").read_text()
+    rows = re.findall(r'(#if ([^\n]*)\n)?CUTLASS_NN_KERNEL\([^\n]*"([^"]+)"\)', registry)
+    in_subset = {name for _, cond, name in rows if "!defined(CUTLASS_NN_KERNEL_SUBSET)" not in cond}
+    assert in_subset == {k.name for k in kept} | {k.name for k in kernels if k.family == "kFallback"}

@@ -25,6 +25,7 @@ def test_info_cli():
     assert re.search(rf"^build flavor: {info['flavor']}$", out, re.M), out
     assert re.search(r"^compiled GPU architectures: .+$", out, re.M), out
     assert re.search(r"^CUTLASS version: .+$", out, re.M), out
+    assert re.search(r"^GEMM kernel set: .+$", out, re.M), out
     assert re.search(
         rf"^torch: {re.escape(torch.__version__)} \(extension built against "
         rf"{re.escape(info['torch_version'])}\)$",
@@ -39,13 +40,14 @@ def test_info_cli():
 
 def test_build_info():
     info = cutlass_nn.build_info()
-    assert set(info) >= {"flavor", "cuda_archs", "cutlass_version", "torch_version"}
+    assert set(info) >= {"flavor", "cuda_archs", "cutlass_version", "torch_version", "kernel_set"}
     assert info["flavor"] in ("cpu", "cuda")
     assert cutlass_nn.has_cuda_kernels() == (info["flavor"] == "cuda")
     if info["flavor"] == "cpu":
-        assert info["cuda_archs"] == ""
+        assert info["cuda_archs"] == "" and info["kernel_set"] == ""
     else:
         assert info["cuda_archs"] and info["cutlass_version"]
+        assert info["kernel_set"] in ("full", "ci")
     # the extension must have been built against the running torch (same ABI)
     assert info["torch_version"].split("+")[0] == torch.__version__.split("+")[0]
 
