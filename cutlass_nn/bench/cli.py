@@ -557,13 +557,14 @@ NO_CUDA_MESSAGE = (
 
 
 def _delegated_what(argv: Sequence[str]) -> str | None:
-    """ "models", "host", "fused" or "fp8" when ``--what`` names one of the benchmarks with their
-    own options (cutlass_nn/bench/models.py, host.py, fused.py, fp8.py), else None."""
+    """ "models", "host", "fused", "fp8" or "step-profile" when ``--what`` names one of the
+    benchmarks with their own options (cutlass_nn/bench/models.py, host.py, fused.py, fp8.py,
+    step_profile.py), else None."""
     for i, arg in enumerate(argv):
         value = argv[i + 1] if arg == "--what" and i + 1 < len(argv) else None
         if arg.startswith("--what="):
             value = arg.split("=", 1)[1]
-        if value in ("models", "host", "fused", "fp8"):
+        if value in ("models", "host", "fused", "fp8", "step-profile"):
             return value
     return None
 
@@ -587,6 +588,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cutlass_nn.bench import fp8
 
         return fp8.main(argv)
+    if delegated == "step-profile":
+        from cutlass_nn.bench import step_profile
+
+        return step_profile.main(argv)
     args = parse_args(argv)
     if args.plot:
         return replot(args.plot)

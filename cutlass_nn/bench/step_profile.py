@@ -1,0 +1,159 @@
+"""``python -m cutlass_nn.bench --what step-profile``: where the GPU time of one training step goes.
+
+The model benchmark (``--what models``) says how long a step takes; this says why. It builds the
+same ``transformers`` model as a row of the model benchmark (same family, size, weights and
+batches; :mod:`cutlass_nn.bench.models`), stock and converted (with the same options: ``--fp8``,
+``--fuse-*``), runs ``--warmup`` eager steps, then ``--steps`` steps under ``torch.profiler`` with
+CUDA activity, and reports for each side the GPU time per step of every kernel, summed into
+categories by kernel name (:data:`CATEGORIES`: GEMMs of cutlass_nn and of cuBLAS, FP8
+quantization, attention, the optimizer, normalization, other elementwise work), plus the host
+time of the step. JSON to ``--out``; a table on stdout.
+
+Usage::
+
+    python -m cutlass_nn.bench --what step-profile [--family llama] [--size gpu]
+        [--fp8 tensorwise|rowwise] [--fuse-norm] [--fuse-mlp] [--fuse-rope] [--fuse-head]
+        [--steps 3] [--warmup 2] [--top 12] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+#: (category, pattern) in order: a kernel takes the first category whose pattern its name matches
+#: (case-insensitive search). Names are CUDA kernel names as the profiler records them. cuBLAS
+#: runs some kernels of its own built from CUTLASS templates, so on the stock side the
+#: "CUTLASS-named" GEMMs are cuBLAS's; on the converted side they are mostly cutlass_nn's.
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("fp8 quantize", r"amax_(rows|tensor|cols)_kernel|cast_(transposed_)?kernel<"),
+    ("gemm (CUTLASS-named)", r"cutlass::|GemmUniversal|gemm_fallback_kernel"),
+    ("cutlass_nn other", r"cutlass_nn::"),
+    ("gemm (cuBLAS-named)", r"nvjet|xmma|cublas|gemm|sm90_|sm80_"),
+    ("attention", r"flash|fmha|attention|sdpa|efficient"),
+    ("optimizer", r"adam|multi_tensor|foreach"),
+    ("normalization", r"norm"),
+    ("cross entropy / softmax", r"softmax|cross_entropy|log_softmax|nll"),
+)
+
+
+def categorize(name: str) -> str:
+    for category, pattern in CATEGORIES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return category
+    return "other"
+
+
+def summarize_kernels(kernels: Sequence[tuple[str, float]], steps: int, top: int) -> dict[str, Any]:
+    """``kernels``: (name, GPU microseconds) of every kernel launch over ``steps`` steps. Per step:
+    total, per category, and the ``top`` kernels by time (name truncated to 160 characters)."""
+    per_name: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for name, us in kernels:
+        per_name[name] += us
+        calls[name] += 1
+    per_category: dict[str, float] = defaultdict(float)
+    for name, us in per_name.items():
+        per_category[categorize(name)] += us
+    total = sum(per_name.values())
+    ranked = sorted(per_name.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "gpu_ms_per_step": total / steps / 1e3,
+        "categories_ms_per_step": {k: v / steps / 1e3 for k, v in
+                                   sorted(per_category.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": n[:160], "category": categorize(n), "ms_per_step": us / steps / 1e3,
+                         "calls_per_step": calls[n] / steps} for n, us in ranked],
+    }
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    from cutlass_nn.bench import models
+
+    p = argparse.ArgumentParser(prog="python -m cutlass_nn.bench --what step-profile")
+    p.add_argument("--what", choices=["step-profile"], default="step-profile")
+    p.add_argument("--family", choices=models.FAMILIES, default="llama")
+    p.add_argument("--size", choices=models.SIZES, default="gpu")
+    p.add_argument("--fp8", choices=("tensorwise", "rowwise"), default=None)
+    for flag in ("norm", "mlp", "rope", "head"):
+        p.add_argument(f"--fuse-{flag}", action="store_true")
+    p.add_argument("--steps", type=int, default=3, help="profiled steps per side")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--top", type=int, default=12, help="kernels listed per side")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = p.parse_args(list(argv))
+    if args.steps < 1:
+        p.error(f"--steps must be >= 1, got {args.steps}")
+    return args
+
+
+def profile_side(model: torch.nn.Module, batches, steps: int, warmup: int, top: int) -> dict:
+    from cutlass_nn.bench.models import Trainer
+
+    trainer = Trainer(model, "eager", "cuda")
+    for i in range(warmup):
+        trainer.step(batches[i % len(batches)])
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    host = time.perf_counter()
+    with torch.profiler.profile(activities=acts) as prof:
+        for i in range(steps):
+            trainer.step(batches[i % len(batches)])
+        enqueue_s = time.perf_counter() - host
+        torch.cuda.synchronize()
+    kernels = [(e.name, e.device_time) for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0]
+    out = summarize_kernels(kernels, steps, top)
+    out["host_enqueue_ms_per_step"] = enqueue_s / steps * 1e3
+    out["cutlass_nn_ops"] = sorted({e.name for e in prof.events() if e.name.startswith("cutlass_nn::")})
+    return out
+
+
+def main(argv: Sequence[str]) -> int:
+    import cutlass_nn
+    from cutlass_nn.bench import fp8 as bench_fp8
+    from cutlass_nn.bench import cli as bench
+    from cutlass_nn.bench import models
+
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print(bench.NO_CUDA_MESSAGE, file=sys.stderr)
+        return 2
+    meta = bench.collect_meta(argv)
+    meta["command"] = "python -m cutlass_nn.bench " + " ".join(argv)
+    size = models.MODEL_SIZES[args.size]
+    batches = models.make_batches(size, 4, "cuda")
+    result: dict[str, Any] = {"mode": "step-profile", "meta": meta, "settings": vars(args) | {"out": str(args.out)},
+                              "sides": {}}
+    for side in models.SIDES:
+        with torch.device("cuda"):
+            model = models.build_model(args.family, size).to(dtype=torch.bfloat16)
+        if side == "cutlass_nn":
+            fp8_args = {} if args.fp8 is None else bench_fp8.convert_args(args.fp8)
+            model = cutlass_nn.convert(
+                model, fuse_norm=args.fuse_norm, fuse_mlp=args.fuse_mlp, fuse_rope=args.fuse_rope,
+                fuse_head=args.fuse_head and cutlass_nn.fused_head.can_fuse_lm_head(model), **fp8_args)
+        result["sides"][side] = profile_side(model, batches, args.steps, args.warmup, args.top)
+        del model
+        torch.cuda.empty_cache()
+    for side, r in result["sides"].items():
+        print(f"== {side}: GPU {r['gpu_ms_per_step']:.2f} ms/step, host enqueue "
+              f"{r['host_enqueue_ms_per_step']:.2f} ms/step")
+        for cat, ms in r["categories_ms_per_step"].items():
+            print(f"   {cat:26s} {ms:8.3f} ms")
+        for k in r["top_kernels"]:
+            print(f"   {k['ms_per_step']:8.3f} ms {k['calls_per_step']:6.1f}x  {k['name'][:110]}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    device = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+    path = args.out / f"step_profile_{device}_{stamp}.json"
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(f"json {path}", flush=True)
+    return 0

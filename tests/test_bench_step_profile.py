@@ -1,0 +1,49 @@
+"""bench --what step-profile: kernel categories, the per-step summary, arguments (CPU)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cutlass_nn.bench import cli, step_profile as sp
+
+
+@pytest.mark.parametrize("name, category", [
+    ("void cutlass_nn::kernels::(anonymous namespace)::amax_tensor_kernel<__nv_bfloat16, true>(...)",
+     "fp8 quantize"),
+    ("void cutlass_nn::kernels::(anonymous namespace)::cast_transposed_kernel<float>(...)", "fp8 quantize"),
+    ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<...> >(...)", "gemm (CUTLASS-named)"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x4_nn_align8>(...)",
+     "gemm (CUTLASS-named)"),
+    ("void cutlass_nn::kernels::(anonymous namespace)::rms_norm_kernel<__nv_bfloat16>(...)",
+     "cutlass_nn other"),
+    ("nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NTN", "gemm (cuBLAS-named)"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "gemm (cuBLAS-named)"),
+    ("void pytorch_flash::flash_fwd_kernel<...>", "attention"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >",
+     "other"),
+])
+def test_categories(name, category):
+    assert sp.categorize(name) == category
+
+
+def test_summary_is_per_step_and_ranked():
+    kernels = [("nvjet_a", 100.0), ("nvjet_a", 300.0), ("amax_rows_kernel<float, true>", 50.0),
+               ("elementwise", 10.0)]
+    s = sp.summarize_kernels(kernels, steps=2, top=2)
+    assert math.isclose(s["gpu_ms_per_step"], 0.23)
+    assert math.isclose(s["categories_ms_per_step"]["gemm (cuBLAS-named)"], 0.2)
+    assert math.isclose(s["categories_ms_per_step"]["fp8 quantize"], 0.025)
+    assert [k["name"] for k in s["top_kernels"]] == ["nvjet_a", "amax_rows_kernel<float, true>"]
+    assert s["top_kernels"][0]["calls_per_step"] == 1.0
+
+
+def test_arguments_and_delegation():
+    args = sp.parse_args(["--what", "step-profile", "--fp8", "tensorwise", "--fuse-mlp"])
+    assert args.fp8 == "tensorwise" and args.fuse_mlp and args.family == "llama"
+    for bad in (["--steps", "0"], ["--family", "t5"]):
+        with pytest.raises(SystemExit):
+            sp.parse_args(bad)
+    assert cli._delegated_what(["--what", "step-profile"]) == "step-profile"
