@@ -75,8 +75,8 @@ at::Tensor fp8_scaled_mm_aten(const at::Tensor& a, const at::Tensor& b, const at
 
 std::tuple<c10::ScalarType, int> check_fp8_quantize_args(const at::Tensor& x,
                                                          c10::string_view format,
-                                                         c10::string_view axis) {
-  const char* op = "fp8_quantize";
+                                                         c10::string_view axis,
+                                                         const char* op) {
   const auto dtype = x.scalar_type();
   TORCH_CHECK(x.dim() == 2 && (dtype == c10::kHalf || dtype == c10::kBFloat16 ||
                                dtype == c10::kFloat),
@@ -115,6 +115,13 @@ std::tuple<at::Tensor, at::Tensor> fp8_quantize_aten(const at::Tensor& x, c10::S
     if (scale.dim() == 2) scale = scale.t();
   }
   return {data, scale};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize_both_aten(const at::Tensor& x,
+                                                                      c10::ScalarType fp8, int axis) {
+  auto [data, scale] = fp8_quantize_aten(x, fp8, axis, /*transpose=*/false);
+  at::Tensor data_t = data.t().contiguous();
+  return {data, data_t, scale};
 }
 
 }  // namespace cutlass_nn

@@ -34,15 +34,23 @@ inline bool fp8_scale_is_vector(const at::Tensor& scale) { return scale.dim() ==
 
 // fp8_quantize(x [R, C], format, axis, transpose): x a 2-d float16 / bfloat16 / float32 tensor,
 // format "e4m3" or "e5m2", axis "tensor", "row" or "column". Returns the float8 dtype and the
-// axis code (0 tensor, 1 row, 2 column, as kernels::Fp8Axis).
+// axis code (0 tensor, 1 row, 2 column, as kernels::Fp8Axis). `op` names the operator in the
+// messages (fp8_quantize_both takes the same arguments).
 std::tuple<c10::ScalarType, int> check_fp8_quantize_args(const at::Tensor& x,
                                                          c10::string_view format,
-                                                         c10::string_view axis);
+                                                         c10::string_view axis,
+                                                         const char* op = "fp8_quantize");
 
 // (data, scale) of cutlass_nn.fp8_reference.quantize_unchecked(x, format, dim) with dim None /
 // 1 / 0 for axis tensor / row / column: scale [] / [R, 1] / [1, C]; with transpose, data is
 // [C, R] (contiguous) and scale transposed alike ([1, R] / [C, 1]).
 std::tuple<at::Tensor, at::Tensor> fp8_quantize_aten(const at::Tensor& x, c10::ScalarType fp8,
                                                      int axis, bool transpose);
+
+// fp8_quantize_both(x, format, axis) -> (data [R, C], data_t [C, R], scale): one quantization
+// in both layouts (the data of fp8_quantize with transpose false and true, bitwise; scale as
+// with transpose false).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize_both_aten(const at::Tensor& x,
+                                                                      c10::ScalarType fp8, int axis);
 
 }  // namespace cutlass_nn

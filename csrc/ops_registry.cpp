@@ -352,6 +352,11 @@ TORCH_LIBRARY(cutlass_nn, m) {
   // contiguous) and the scale transposed alike. Bitwise cutlass_nn.fp8_reference's
   // quantize_unchecked (two passes over x on CUDA: the maximum, then the scaled cast).
   m.def("fp8_quantize(Tensor x, str format, str axis, bool transpose) -> (Tensor, Tensor)", tags);
+  // One quantization in both layouts: (data [R, C], data_t [C, R], scale) = fp8_quantize's
+  // data with transpose false and true (bitwise), scale as with transpose false; on CUDA one
+  // maximum pass and one cast pass writing both (the output gradient of an FP8 layer, which the
+  // data gradient reads by rows and the weight gradient by columns).
+  m.def("fp8_quantize_both(Tensor x, str format, str axis) -> (Tensor, Tensor, Tensor)", tags);
 
   m.def("build_info() -> str", &build_info);
   m.def("_autograd_keeps_graph() -> bool", &autograd_keeps_graph);

@@ -13,7 +13,8 @@ weight gradient in the weight's dtype, the bias gradient as float32 column sums 
 unquantized output gradient. Parameters keep their dtype; nothing FP8 is stored between steps, so
 ``state_dict`` is unchanged. The backward keeps what ``nn.Linear``'s keeps (the input and the
 weight) and quantizes them again along the axes its GEMMs need
-(:func:`cutlass_nn.ops.fp8_quantize`, which writes transposed operands directly).
+(:func:`cutlass_nn.ops.fp8_quantize`, which writes transposed operands directly; a tensorwise
+output gradient is quantized once into both layouts, :func:`cutlass_nn.ops.fp8_quantize_both`).
 
 Entry points: :func:`linear` (autograd), :func:`eligible` (the size rule that
 :func:`cutlass_nn.convert` applies with ``precision="fp8"``), and ``CutlassLinear(...,
@@ -88,10 +89,16 @@ class _Fp8Linear(torch.autograd.Function):
         rowwise = ctx.scaling == "rowwise"
         fmt = ctx.grad_format
         dx = dw = db = None
+        gq = gt = None
+        if need_x and need_w and not rowwise:
+            # one scale for both GEMMs: one quantization of dY writes both layouts
+            gq, gt, gs = ops.fp8_quantize_both(g2, fmt, "tensor")
+            gts = gs
         if need_x:
             # dX = dY W: dY per row (or one scale), W per input channel (column) as B = W
             # column-major, i.e. W^T [K, N] quantized per row, transposed back.
-            gq, gs = ops.fp8_quantize(g2, fmt, "row" if rowwise else "tensor")
+            if gq is None:
+                gq, gs = ops.fp8_quantize(g2, fmt, "row" if rowwise else "tensor")
             wt, wts = ops.fp8_quantize(weight, "e4m3", "column" if rowwise else "tensor", True)
             dx = ops.fp8_scaled_mm(gq, wt.t(), gs, _transposed_scale(wts), None, ctx.x_dtype)
             dx = dx.reshape(ctx.x_shape)
@@ -99,7 +106,8 @@ class _Fp8Linear(torch.autograd.Function):
             # dW = dY^T X: A = dY^T [N, T] per row (a column of dY), B = X column-major (X^T
             # [K, T] per row, transposed back).
             axis = "column" if rowwise else "tensor"
-            gt, gts = ops.fp8_quantize(g2, fmt, axis, True)
+            if gt is None:
+                gt, gts = ops.fp8_quantize(g2, fmt, axis, True)
             xt, xts = ops.fp8_quantize(x2, "e4m3", axis, True)
             dw = ops.fp8_scaled_mm(gt, xt.t(), gts, _transposed_scale(xts), None,
                                    ctx.weight_dtype)

@@ -317,6 +317,20 @@ def fp8_quantize(
     return _ops.fp8_quantize.default(x, format, axis, bool(transpose))
 
 
+def fp8_quantize_both(
+    x: Tensor, format: str = "e4m3", axis: str = "tensor"
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One :func:`fp8_quantize` of ``x`` in both layouts: ``(data, data_t, scale)`` where
+    ``data`` (``[R, C]``) and ``data_t`` (``[C, R]``, contiguous) are bitwise the data of
+    ``fp8_quantize(x, format, axis, transpose=False)`` and ``transpose=True``, and ``scale`` is
+    the untransposed one (``[]``, ``[R, 1]`` or ``[1, C]``; ``scale.t()`` goes with ``data_t``).
+    CUDA reads ``x`` twice (the maximum, then one cast writing both layouts) instead of four
+    times for two calls: what an FP8 layer's backward needs of a tensorwise-scaled output
+    gradient, which the data gradient reads by rows and the weight gradient by columns.
+    Not differentiable."""
+    return _ops.fp8_quantize_both.default(x, format, axis)
+
+
 def fp8_configs() -> list[str]:
     """Names of the SM90 FP8 tile configurations, in index order (empty in the CPU flavor)."""
     return [n for n in _ops._fp8_configs.default().splitlines() if n]
@@ -978,18 +992,32 @@ def _fp8_scaled_mm_fake(a, b, a_scale, b_scale, bias, out_dtype, use_fast_accum)
 _FP8_AXES = ("tensor", "row", "column")
 
 
-@torch.library.register_fake("cutlass_nn::fp8_quantize")
-def _fp8_quantize_fake(x, format, axis, transpose):
+def _check_fp8_quantize(op, x, format, axis):
     _check(
         x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16, torch.float32),
-        "fp8_quantize",
+        op,
         f"argument 'x' must be a 2-d float16, bfloat16 or float32 tensor, got a "
         f"{_dtype_name(x.dtype)} tensor of shape {list(x.shape)}",
     )
-    _check(format in ("e4m3", "e5m2"), "fp8_quantize",
+    _check(format in ("e4m3", "e5m2"), op,
            f'argument \'format\' must be "e4m3" or "e5m2", got "{format}"')
-    _check(axis in _FP8_AXES, "fp8_quantize",
+    _check(axis in _FP8_AXES, op,
            f'argument \'axis\' must be "tensor", "row" or "column", got "{axis}"')
+
+
+@torch.library.register_fake("cutlass_nn::fp8_quantize_both")
+def _fp8_quantize_both_fake(x, format, axis):
+    _check_fp8_quantize("fp8_quantize_both", x, format, axis)
+    rows, cols = x.shape
+    dtype = torch.float8_e4m3fn if format == "e4m3" else torch.float8_e5m2
+    shape = {"tensor": (), "row": (rows, 1), "column": (1, cols)}[axis]
+    return (x.new_empty((rows, cols), dtype=dtype), x.new_empty((cols, rows), dtype=dtype),
+            x.new_empty(shape, dtype=torch.float32))
+
+
+@torch.library.register_fake("cutlass_nn::fp8_quantize")
+def _fp8_quantize_fake(x, format, axis, transpose):
+    _check_fp8_quantize("fp8_quantize", x, format, axis)
     rows, cols = x.shape
     dtype = torch.float8_e4m3fn if format == "e4m3" else torch.float8_e5m2
     data = x.new_empty((cols, rows) if transpose else (rows, cols), dtype=dtype)

@@ -47,3 +47,16 @@ def test_arguments_and_delegation():
         with pytest.raises(SystemExit):
             sp.parse_args(bad)
     assert cli._delegated_what(["--what", "step-profile"]) == "step-profile"
+
+
+def test_user_annotations_are_not_kernels():
+    import types
+
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+    kernel = types.SimpleNamespace(name="nvjet_x", device_type=cuda, device_time=5.0, is_user_annotation=False)
+    annotation = types.SimpleNamespace(name="my_range", device_type=cuda, device_time=9.0, is_user_annotation=True)
+    optimizer = types.SimpleNamespace(name="Optimizer.step#AdamW.step", device_type=cuda, device_time=9.0)
+    host = types.SimpleNamespace(name="aten::mm", device_type=torch.autograd.DeviceType.CPU, device_time=0.0)
+    assert [sp.is_kernel(e) for e in (kernel, annotation, optimizer, host)] == [True, False, False, False]

@@ -287,7 +287,10 @@ def _bits(t):
 @pytest.mark.parametrize("axis", ["tensor", "row", "column"])
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("shape", [(1, 1), (37, 45), (256, 1024), (4099, 96), (3, 20000), (0, 8), (8, 0)],
+# (256, 1024), (80, 200), (4112, 1032): the transposed 16-byte-pack kernel (rows a multiple of 16,
+# full and partial 64x64 tiles); (37, 45), (4099, 96), (3, 20000): the 32x32 element kernel.
+@pytest.mark.parametrize("shape", [(1, 1), (37, 45), (256, 1024), (80, 200), (4112, 1032), (4099, 96),
+                                   (3, 20000), (0, 8), (8, 0)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("transpose", [False, True])
 def test_quantize_bitwise_cpu(axis, fmt, dtype, shape, transpose):
@@ -298,6 +301,24 @@ def test_quantize_bitwise_cpu(axis, fmt, dtype, shape, transpose):
     want_data, want_scale = ops.fp8_quantize(x, fmt, axis, transpose)
     assert data.shape == want_data.shape and scale.shape == want_scale.shape
     assert torch.equal(_bits(data.cpu()), _bits(want_data))
+    assert torch.equal(scale.cpu(), want_scale)
+
+
+@pytest.mark.parametrize("axis", ["tensor", "row", "column"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(1, 1), (37, 45), (256, 1024), (80, 200), (4112, 1032), (4099, 96),
+                                   (0, 8), (8, 0)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_quantize_both_bitwise_cpu(axis, fmt, dtype, shape):
+    """One cast writing both layouts: each bitwise the CPU backend's."""
+    gen = torch.Generator().manual_seed(shape[0] * 17 + shape[1])
+    x = torch.randn(*shape, generator=gen) * torch.exp2(torch.randint(-12, 12, shape, generator=gen).float())
+    x = x.to(dtype)
+    data, data_t, scale = ops.fp8_quantize_both(x.cuda(), fmt, axis)
+    want, want_t, want_scale = ops.fp8_quantize_both(x, fmt, axis)
+    assert data.shape == want.shape and data_t.shape == want_t.shape and data_t.is_contiguous()
+    assert torch.equal(_bits(data.cpu()), _bits(want)) and torch.equal(_bits(data_t.cpu()), _bits(want_t))
     assert torch.equal(scale.cpu(), want_scale)
 
 
@@ -322,3 +343,17 @@ def test_quantize_misaligned_storage_takes_the_element_path():
         data, scale = ops.fp8_quantize(x, "e5m2", axis)
         want_data, want_scale = ops.fp8_quantize(x.cpu(), "e5m2", axis)
         assert torch.equal(_bits(data.cpu()), _bits(want_data)) and torch.equal(scale.cpu(), want_scale)
+
+
+@pytest.mark.parametrize("rows", [4_200_000, 2_100_001], ids=["packs", "elements"])
+def test_quantize_transposed_more_rows_than_one_grid_dimension_holds(rows):
+    """More row tiles than a grid's y dimension holds (65535 of 64 / of 32): the transposed casts
+    put row tiles on the grid's x dimension, so they launch; bitwise the CPU backend's, both
+    entry points."""
+    x = torch.randn(rows, 8, dtype=torch.bfloat16)
+    want_t, want_scale = ops.fp8_quantize(x, "e4m3", "tensor", True)
+    data_t, scale = ops.fp8_quantize(x.cuda(), "e4m3", "tensor", True)
+    assert torch.equal(_bits(data_t.cpu()), _bits(want_t)) and torch.equal(scale.cpu(), want_scale)
+    data, data_t2, _ = ops.fp8_quantize_both(x.cuda(), "e4m3", "tensor")
+    assert torch.equal(_bits(data_t2.cpu()), _bits(want_t))
+    assert torch.equal(_bits(data.cpu()), _bits(want_t.t()))

@@ -60,6 +60,22 @@ def test_only_the_needed_gradients():
     assert layer.weight.grad is not None
 
 
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+def test_backward_quantizes_a_tensorwise_gradient_once(scaling):
+    """Tensorwise: the output gradient is quantized once, in both layouts (fp8_quantize_both);
+    rowwise needs two scalings of it (per row for dX, per column for dW)."""
+    layer = cutlass_nn.CutlassLinear(32, 48, precision="fp8", dtype=torch.bfloat16,
+                                     fp8_recipe=Fp8Recipe(scaling))
+    y = layer(torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y.sum().backward()
+    names = [e.name for e in prof.events()]
+    both = names.count("cutlass_nn::fp8_quantize_both")
+    single = names.count("cutlass_nn::fp8_quantize")
+    # dY once (both layouts) + W^T + X^T; rowwise: dY twice + W^T + X^T
+    assert (both, single) == ((1, 2) if scaling == "tensorwise" else (0, 4)), (both, single)
+
+
 def test_close_to_bf16_layer():
     torch.manual_seed(0)
     stock = nn.Linear(256, 128, dtype=torch.float32)

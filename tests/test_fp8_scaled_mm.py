@@ -248,3 +248,39 @@ def test_quantize_fake_and_opcheck(axis, transpose):
     assert d.shape == rd.shape and d.dtype == rd.dtype and s.shape == rs.shape
     torch.library.opcheck(torch.ops.cutlass_nn.fp8_quantize.default, (x, "e5m2", axis, transpose),
                           test_utils=OPCHECK_UTILS)
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8_quantize_both
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", list(AXES))
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(7, 33), (1, 1), (64, 16), (0, 5), (5, 0)])
+def test_quantize_both_equals_the_two_layouts(axis, fmt, dtype, shape):
+    gen = torch.Generator().manual_seed(3 * sum(shape) + 1)
+    x = (torch.randn(*shape, generator=gen) * torch.exp2(torch.randint(-20, 20, shape, generator=gen).float())).to(dtype)
+    data, data_t, scale = ops.fp8_quantize_both(x, fmt, axis)
+    want, want_scale = ops.fp8_quantize(x, fmt, axis, False)
+    want_t, _ = ops.fp8_quantize(x, fmt, axis, True)
+    assert data.shape == want.shape and data_t.shape == want_t.shape and data_t.is_contiguous()
+    assert torch.equal(bits(data), bits(want)) and torch.equal(bits(data_t), bits(want_t))
+    assert scale.shape == want_scale.shape and torch.equal(scale, want_scale)
+
+
+def test_quantize_both_errors_and_opcheck():
+    with pytest.raises(RuntimeError, match=r"cutlass_nn.fp8_quantize_both: argument 'axis' must be "
+                                           r"\"tensor\", \"row\" or \"column\", got \"block\""):
+        ops.fp8_quantize_both(torch.zeros(2, 3), "e4m3", "block")
+    with pytest.raises(RuntimeError, match="cutlass_nn.fp8_quantize_both: argument 'x' must be a 2-d"):
+        ops.fp8_quantize_both(torch.zeros(3), "e4m3", "tensor")
+    x = torch.randn(6, 10, dtype=torch.bfloat16)
+    for axis in AXES:
+        with FakeTensorMode() as mode:
+            d, dt, s = ops.fp8_quantize_both(mode.from_tensor(x), "e5m2", axis)
+        rd, rdt, rs = ops.fp8_quantize_both(x, "e5m2", axis)
+        assert (d.shape, dt.shape, s.shape) == (rd.shape, rdt.shape, rs.shape)
+        assert d.dtype == rd.dtype == dt.dtype
+        torch.library.opcheck(torch.ops.cutlass_nn.fp8_quantize_both.default, (x, "e5m2", axis),
+                              test_utils=OPCHECK_UTILS)

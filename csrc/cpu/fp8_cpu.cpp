@@ -1,4 +1,4 @@
-// CPU implementations of fp8_scaled_mm and fp8_quantize: the shared checks, then the ATen
+// CPU implementations of fp8_scaled_mm, fp8_quantize and fp8_quantize_both: the shared checks, then the ATen
 // formulations of csrc/fp8_aten.h (the references the CUDA kernels are tested against). Fast
 // accumulation is a property of the GPU kernels; the CPU sums in float32 either way.
 #include <ATen/ATen.h>
@@ -26,11 +26,19 @@ std::tuple<at::Tensor, at::Tensor> fp8_quantize_cpu(const at::Tensor& x, c10::st
   return fp8_quantize_aten(x, fp8, axis_code, transpose);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize_both_cpu(const at::Tensor& x,
+                                                                     c10::string_view format,
+                                                                     c10::string_view axis) {
+  const auto [fp8, axis_code] = check_fp8_quantize_args(x, format, axis, "fp8_quantize_both");
+  return fp8_quantize_both_aten(x, fp8, axis_code);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_nn, CPU, m) {
   m.impl("fp8_scaled_mm", &fp8_scaled_mm_cpu);
   m.impl("fp8_quantize", &fp8_quantize_cpu);
+  m.impl("fp8_quantize_both", &fp8_quantize_both_cpu);
 }
 
 }  // namespace cutlass_nn

@@ -131,9 +131,13 @@ at::Tensor fp8_scaled_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> fp8_quantize_cuda(const at::Tensor& x_in, c10::string_view format,
-                                                     c10::string_view axis, bool transpose) {
-  const auto [fp8, axis_code] = check_fp8_quantize_args(x_in, format, axis);
+// One quantization of x; `data` laid out [cols, rows] with transpose, and with both also
+// `data_rows` [rows, cols] from the same cast (scale then untransposed).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize(const at::Tensor& x_in, c10::string_view format,
+                                                        c10::string_view axis, bool transpose,
+                                                        bool both) {
+  const auto [fp8, axis_code] =
+      check_fp8_quantize_args(x_in, format, axis, both ? "fp8_quantize_both" : "fp8_quantize");
   c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
   const int64_t rows = x.size(0), cols = x.size(1);
@@ -142,12 +146,15 @@ std::tuple<at::Tensor, at::Tensor> fp8_quantize_cuda(const at::Tensor& x_in, c10
   at::Tensor data = empty_output(transpose ? c10::IntArrayRef{cols, rows}
                                            : c10::IntArrayRef{rows, cols},
                                  x.options().dtype(fp8));
-  // scale: [] / [rows, 1] / [1, cols] (transposed alike with the data)
+  at::Tensor data_rows;
+  if (both) data_rows = empty_output({rows, cols}, x.options().dtype(fp8));
+  // scale: [] / [rows, 1] / [1, cols] (transposed alike with the data; as x's with both)
+  const bool scale_t = transpose && !both;
   std::vector<int64_t> scale_shape;
-  if (kaxis == kernels::Fp8Axis::kRow) scale_shape = transpose ? std::vector<int64_t>{1, rows}
-                                                               : std::vector<int64_t>{rows, 1};
-  if (kaxis == kernels::Fp8Axis::kColumn) scale_shape = transpose ? std::vector<int64_t>{cols, 1}
-                                                                  : std::vector<int64_t>{1, cols};
+  if (kaxis == kernels::Fp8Axis::kRow) scale_shape = scale_t ? std::vector<int64_t>{1, rows}
+                                                             : std::vector<int64_t>{rows, 1};
+  if (kaxis == kernels::Fp8Axis::kColumn) scale_shape = scale_t ? std::vector<int64_t>{cols, 1}
+                                                                : std::vector<int64_t>{1, cols};
   at::Tensor scale = empty_output(scale_shape, x.options().dtype(at::kFloat));
   at::Tensor amax = empty_output({std::max<int64_t>(count, 1)}, x.options().dtype(at::kInt));
   kernels::Fp8QuantizeParams p;
@@ -159,13 +166,27 @@ std::tuple<at::Tensor, at::Tensor> fp8_quantize_cuda(const at::Tensor& x_in, c10
   p.axis = kaxis;
   p.transpose = transpose;
   p.data = data.data_ptr();
+  p.data_rows = both ? data_rows.data_ptr() : nullptr;
   p.scale = scale.data_ptr<float>();
   p.amax = reinterpret_cast<uint32_t*>(amax.data_ptr<int32_t>());
   p.multiprocessors = device_info(x.get_device()).multiprocessors;
-  check_launch("fp8_quantize",
+  check_launch(both ? "fp8_quantize_both" : "fp8_quantize",
                kernels::launch_fp8_quantize(p, c10::cuda::getCurrentCUDAStream(x.get_device()).stream()),
                x);
+  return {data, scale, data_rows};
+}
+
+std::tuple<at::Tensor, at::Tensor> fp8_quantize_cuda(const at::Tensor& x, c10::string_view format,
+                                                     c10::string_view axis, bool transpose) {
+  auto [data, scale, unused] = quantize(x, format, axis, transpose, false);
   return {data, scale};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize_both_cuda(const at::Tensor& x,
+                                                                      c10::string_view format,
+                                                                      c10::string_view axis) {
+  auto [data_t, scale, data] = quantize(x, format, axis, true, true);
+  return {data, data_t, scale};
 }
 
 }  // namespace
@@ -197,6 +218,7 @@ std::string fp8_config_names() {
 TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
   m.impl("fp8_scaled_mm", &fp8_scaled_mm_cuda);
   m.impl("fp8_quantize", &fp8_quantize_cuda);
+  m.impl("fp8_quantize_both", &fp8_quantize_both_cuda);
 }
 
 }  // namespace cuda

@@ -184,13 +184,14 @@ __global__ void cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
   write_scales(amax, scale, scale_count, largest);
 }
 
-// data^T [cols, rows]: 32x32 tiles through shared memory (blockDim 32 x 8).
-template <class T>
+// data^T [cols, rows]: 32x32 tiles through shared memory (blockDim 32 x 8); with data_rows,
+// the untransposed data too (kBoth).
+template <class T, bool kBoth>
 __global__ void cast_transposed_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                        Fp8Axis axis, Fp8Format format, float largest,
                                        const uint32_t* __restrict__ amax,
-                                       uint8_t* __restrict__ data, float* __restrict__ scale,
-                                       int64_t scale_count) {
+                                       uint8_t* __restrict__ data, uint8_t* __restrict__ data_rows,
+                                       float* __restrict__ scale, int64_t scale_count) {
   __shared__ uint8_t tile[32][33];
   const float tensor_qs = quant_scale(amax[0], largest);
   // row tiles on grid.x (up to 2^31 - 1 of them: any token count), column tiles on grid.y
@@ -200,13 +201,72 @@ __global__ void cast_transposed_kernel(const T* __restrict__ x, int64_t rows, in
     if (r < rows && c < cols) {
       float qs = tensor_qs;
       if (axis != Fp8Axis::kTensor) qs = quant_scale(amax[scale_index(axis, r, c)], largest);
-      tile[j][threadIdx.x] = to_fp8(load_float(x, r * cols + c), qs, largest, format);
+      const uint8_t q = to_fp8(load_float(x, r * cols + c), qs, largest, format);
+      tile[j][threadIdx.x] = q;
+      if constexpr (kBoth) data_rows[r * cols + c] = q;
     }
   }
   __syncthreads();
   for (int j = threadIdx.y; j < 32; j += blockDim.y) {
     const int64_t c = c0 + j, r = r0 + threadIdx.x;
     if (r < rows && c < cols) data[c * rows + r] = tile[threadIdx.x][j];
+  }
+  write_scales(amax, scale, scale_count, largest);
+}
+
+// The transposed cast of 16-byte packs: 64x64 tiles, 256 threads. Each thread loads whole packs
+// of x along a row (one 16-byte load for E elements), keeps the casts in shared memory, and
+// writes 16 consecutive bytes of a row of data^T (one 16-byte store). Needs x 16-byte aligned
+// with cols a multiple of the pack, rows a multiple of 16 and data 16-byte aligned (the caller
+// checks; the 32x32 kernel above takes the rest). With kBoth the untransposed data is written
+// from the registers too (E bytes per store).
+template <class T, bool kBoth>
+__global__ void __launch_bounds__(256)
+    cast_transposed_packs_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, Fp8Axis axis,
+                                 Fp8Format format, float largest, const uint32_t* __restrict__ amax,
+                                 uint8_t* __restrict__ data, uint8_t* __restrict__ data_rows,
+                                 float* __restrict__ scale, int64_t scale_count) {
+  constexpr int E = Pack<T>::kElems;  // 8 (16-bit x) or 4 (float32 x)
+  constexpr int kTile = 64;
+  constexpr int kPacksPerRow = kTile / E;
+  __shared__ uint8_t tile[kTile][kTile + 4];  // [row][column] of the tile, padded against conflicts
+  const float tensor_qs = quant_scale(amax[0], largest);
+  const int64_t r0 = int64_t(blockIdx.x) * kTile, c0 = int64_t(blockIdx.y) * kTile;
+  for (int i = threadIdx.x; i < kTile * kPacksPerRow; i += blockDim.x) {
+    const int lr = i / kPacksPerRow, lc = (i % kPacksPerRow) * E;
+    const int64_t r = r0 + lr, c = c0 + lc;
+    if (r < rows && c < cols) {  // cols % E == 0: the whole pack is inside
+      float v[E];
+      Pack<T>::load(x + r * cols + c, v);
+      const float row_qs = axis == Fp8Axis::kRow ? quant_scale(amax[r], largest) : tensor_qs;
+      using Store = std::conditional_t<E == 8, uint2, uint32_t>;
+      union {
+        uint8_t bytes[E];
+        Store word;
+      } out;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const float qs = axis == Fp8Axis::kColumn ? quant_scale(amax[c + e], largest) : row_qs;
+        out.bytes[e] = to_fp8(v[e], qs, largest, format);
+        tile[lr][lc + e] = out.bytes[e];
+      }
+      if constexpr (kBoth) *reinterpret_cast<Store*>(data_rows + r * cols + c) = out.word;
+    }
+  }
+  __syncthreads();
+  // data^T rows c0..c0+63, 16 bytes each of rows r0..r0+63: 4 stores per row of the tile
+  for (int i = threadIdx.x; i < kTile * (kTile / 16); i += blockDim.x) {
+    const int lc = i / (kTile / 16), lr = (i % (kTile / 16)) * 16;
+    const int64_t c = c0 + lc, r = r0 + lr;
+    if (c < cols && r < rows) {  // rows % 16 == 0: the 16 bytes are inside
+      union {
+        uint8_t bytes[16];
+        uint4 word;
+      } out;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) out.bytes[j] = tile[lr + j][lc];
+      *reinterpret_cast<uint4*>(data + c * rows + r) = out.word;
+    }
   }
   write_scales(amax, scale, scale_count, largest);
 }
@@ -241,10 +301,30 @@ cudaError_t run(const Fp8QuantizeParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   if (p.transpose && n > 0) {
+    auto* rows_out = static_cast<uint8_t*>(p.data_rows);
+    const bool aligned = reinterpret_cast<uintptr_t>(data) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(rows_out) % 16 == 0;
+    if (kVec && aligned && p.rows % 16 == 0) {
+      const dim3 grid(static_cast<unsigned>((p.rows + 63) / 64), static_cast<unsigned>((p.cols + 63) / 64));
+      if (grid.y > 65535) return cudaErrorInvalidConfiguration;  // more than 4,194,240 columns
+      if (rows_out != nullptr) {
+        cast_transposed_packs_kernel<T, true><<<grid, 256, 0, stream>>>(
+            x, p.rows, p.cols, p.axis, p.format, largest, p.amax, data, rows_out, p.scale, count);
+      } else {
+        cast_transposed_packs_kernel<T, false><<<grid, 256, 0, stream>>>(
+            x, p.rows, p.cols, p.axis, p.format, largest, p.amax, data, nullptr, p.scale, count);
+      }
+      return cudaGetLastError();
+    }
     const dim3 grid(static_cast<unsigned>((p.rows + 31) / 32), static_cast<unsigned>((p.cols + 31) / 32));
     if (grid.y > 65535) return cudaErrorInvalidConfiguration;  // more than 2,097,120 columns
-    cast_transposed_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(x, p.rows, p.cols, p.axis, p.format,
-                                                               largest, p.amax, data, p.scale, count);
+    if (rows_out != nullptr) {
+      cast_transposed_kernel<T, true><<<grid, dim3(32, 8), 0, stream>>>(
+          x, p.rows, p.cols, p.axis, p.format, largest, p.amax, data, rows_out, p.scale, count);
+    } else {
+      cast_transposed_kernel<T, false><<<grid, dim3(32, 8), 0, stream>>>(
+          x, p.rows, p.cols, p.axis, p.format, largest, p.amax, data, nullptr, p.scale, count);
+    }
   } else {
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(std::max(p.rows, (count + 255) / 256),
                                                                   int64_t(sms) * 16));

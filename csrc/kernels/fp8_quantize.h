@@ -40,6 +40,9 @@ struct Fp8QuantizeParams {
   Fp8Axis axis = Fp8Axis::kTensor;
   bool transpose = false;   // write data as [cols, rows] (row-major) instead of [rows, cols]
   void* data = nullptr;     // float8 output, rows * cols bytes
+  // With transpose: also write the data untransposed ([rows, cols]) here, from the same cast
+  // (both layouts of one quantization in one pass; nullptr: only `data`).
+  void* data_rows = nullptr;
   float* scale = nullptr;   // fp8_scale_count() float32 outputs
   uint32_t* amax = nullptr;  // fp8_scale_count() words of workspace
   int multiprocessors = 0;

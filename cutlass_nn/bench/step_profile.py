@@ -94,6 +94,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def is_kernel(event) -> bool:
+    """A GPU kernel (or copy / memset) of the trace: device time on CUDA, not a user annotation
+    (``record_function`` ranges, e.g. the optimizer's ``Optimizer.step#AdamW.step``, appear on the
+    GPU timeline too, spanning kernels already counted)."""
+    return (event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0
+            and not getattr(event, "is_user_annotation", False)
+            and not event.name.startswith(("Optimizer.", "ProfilerStep")))
+
+
 def profile_side(model: torch.nn.Module, batches, steps: int, warmup: int, top: int) -> dict:
     from cutlass_nn.bench.models import Trainer
 
@@ -108,8 +117,7 @@ def profile_side(model: torch.nn.Module, batches, steps: int, warmup: int, top: 
             trainer.step(batches[i % len(batches)])
         enqueue_s = time.perf_counter() - host
         torch.cuda.synchronize()
-    kernels = [(e.name, e.device_time) for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0]
+    kernels = [(e.name, e.device_time) for e in prof.events() if is_kernel(e)]
     out = summarize_kernels(kernels, steps, top)
     out["host_enqueue_ms_per_step"] = enqueue_s / steps * 1e3
     out["cutlass_nn_ops"] = sorted({e.name for e in prof.events() if e.name.startswith("cutlass_nn::")})
