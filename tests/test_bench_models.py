@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cutlass_nn import bench
-from cutlass_nn.bench import host as bench_host, models as bench_models
+from cutlass_nn.bench import host as bench_host, models as bench_models, peers
 
 transformers = pytest.importorskip("transformers")
 
@@ -95,7 +95,46 @@ def test_liger_side_plumbing_with_a_stand_in(monkeypatch):
     assert modeling_llama.LlamaForCausalLM.forward is forward
     assert calls and calls[0]["rope"] is False
     assert row["liger"]["status"] == "ok" and row["liger"]["loss"]["agree"]
-    assert any("Liger, llama-host" in line for line in bench_models.format_liger([row]))
+    assert any("Liger, llama-host" in line for line in peers.format_peers([row]))
+
+
+def test_torchao_side_plumbing_with_a_stand_in(monkeypatch):
+    """--torchao with --fp8: a third side converted by torchao's float8 training with its recipe of
+    the row's scaling, on the layers cutlass_nn's FP8 conversion takes (a stand-in torchao.float8
+    here, swapping nothing: the real one runs float8 GEMMs on a GPU); without --fp8 the side is
+    skipped with a note, and a missing torchao is reported, not fatal."""
+    import sys
+    import types
+
+    taken, recipes = [], []
+
+    class Config:
+        @staticmethod
+        def from_recipe_name(name):
+            recipes.append(name)
+            return name
+
+    def convert_to_float8_training(model, module_filter_fn=None, config=None):
+        taken.extend(n for n, m in model.named_modules() if module_filter_fn(m, n))
+        return model
+
+    fake = types.ModuleType("torchao.float8")
+    fake.Float8LinearConfig = Config
+    fake.convert_to_float8_training = convert_to_float8_training
+    monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
+    monkeypatch.setitem(sys.modules, "torchao.float8", fake)
+    monkeypatch.setattr(bench_models.cutlass_nn.fp8, "MIN_FEATURES", 64)  # TINY's layers convert
+    kw = dict(steps=2, block=1, warmup=1, device="cpu", dtype=torch.float32, sizes=TINY, torchao=True)
+    row = bench_models.run_row(bench_models.RowSpec("llama", "host", "eager"), fp8="rowwise", **kw)
+    assert row["status"] == "ok", row.get("traceback")
+    assert recipes == ["rowwise"] and taken and not any(n.endswith("lm_head") for n in taken)
+    assert row["torchao"]["status"] == "ok" and row["torchao"]["loss"]["agree"]
+    assert any(line.startswith("torchao float8, llama-host") for line in peers.format_peers([row]))
+    row = bench_models.run_row(bench_models.RowSpec("gpt", "host", "eager"), **kw)
+    assert row["torchao"]["status"] == "skipped" and "--fp8" in row["torchao"]["note"]
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import fails
+    assert peers.skip_reason("torchao", "llama", "tensorwise") == (
+        "unavailable", "torchao.float8 is not importable")
 
 
 def test_fused_bench_arguments():

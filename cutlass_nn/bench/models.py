@@ -32,13 +32,14 @@ allocated after its warm-up (parameters, optimizer state, compiled graphs' memor
 rise of the allocator's peak during one of its blocks. Reported: step time, tokens/s, ratio (stock step time / converted step time: > 1 means
 the converted model is faster), peak allocated memory during the timed steps and its ratio
 (converted / stock), the host time to enqueue one step, and the largest loss difference over all
-timed steps (agreement: at most ``LOSS_RTOL`` of the stock loss).
+timed steps (agreement: at most ``LOSS_RTOL`` of the stock loss). ``--liger`` and ``--torchao``
+add a third side, another project's speed-up of the same stock model
+(:mod:`cutlass_nn.bench.peers`).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import math
@@ -54,7 +55,7 @@ import torch
 from torch import nn
 
 import cutlass_nn
-from cutlass_nn.bench import fp8 as bench_fp8
+from cutlass_nn.bench import fp8 as bench_fp8, peers
 
 FAMILIES = ("llama", "gpt", "bert")
 SIZES = ("host", "gpu")
@@ -311,6 +312,7 @@ def run_row(
     fuse_rope: bool = False,
     liger: bool = False,
     fp8: str | None = None,
+    torchao: bool = False,
 ) -> dict[str, Any]:
     """Stock, then converted, on the same initial weights and batches; never raises (an
     exception is recorded as status "error")."""
@@ -333,8 +335,8 @@ def run_row(
                     model = build_model(spec.family, size).to(dtype=dtype)
                 row["parameters"] = sum(p.numel() for p in model.parameters())
                 row["linears"] = count_linears(model)
-                if side == "liger":
-                    return apply_liger(model)
+                if side in peers.PEERS:
+                    return peers.apply(side, model, fp8)
                 if side != "cutlass_nn":
                     return model
                 example = batches[0] if autotune else None
@@ -347,13 +349,12 @@ def run_row(
 
         torch._dynamo.reset()
         names = list(SIDES)
-        if liger:
-            if spec.family != "llama":
-                row["liger"] = {"status": "skipped", "note": "Liger row: Llama rows only"}
-            elif not liger_available():
-                row["liger"] = {"status": "unavailable", "note": "liger_kernel is not importable"}
-            else:
-                names.append("liger")
+        for peer, wanted in (("liger", liger), ("torchao", torchao)):
+            reason = peers.skip_reason(peer, spec.family, fp8) if wanted else None
+            if reason:
+                row[peer] = {"status": reason[0], "note": reason[1]}
+            elif wanted:
+                names.append(peer)
         sides = run_sides(
             {side: make(side) for side in names},
             spec.mode,
@@ -377,14 +378,9 @@ def run_row(
         if "peak_bytes" in stock:
             row["memory_ratio"] = ours["peak_bytes"] / stock["peak_bytes"]
         row["loss"] = compare_losses(stock["losses"], ours["losses"])
-        if "liger" in sides:
-            lig = sides["liger"]
-            lig["status"] = "ok"
-            lig["ratio"] = stock["step_ms"] / lig["step_ms"]  # > 1: Liger faster than stock
-            lig["ours_vs_liger"] = lig["step_ms"] / ours["step_ms"]  # > 1: cutlass_nn faster
-            if "peak_bytes" in lig:
-                lig["memory_ratio"] = lig["peak_bytes"] / stock["peak_bytes"]
-            lig["loss"] = compare_losses(stock["losses"], lig["losses"])
+        for peer in peers.PEERS:
+            if peer in sides:
+                peers.finish(sides[peer], stock, ours, compare_losses)
         row["status"] = "ok"
     except Exception as exc:  # one row's failure (out of memory, a compile error) is recorded
         row["note"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
@@ -396,55 +392,6 @@ def run_row(
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
     return row
-
-
-def liger_available() -> bool:
-    import importlib
-
-    try:
-        importlib.import_module("liger_kernel.transformers")
-    except Exception:
-        return False
-    return True
-
-
-def apply_liger(model: nn.Module) -> nn.Module:
-    """The stock model with Liger-Kernel's Llama patch on this instance: its RMSNorm, SwiGLU MLP
-    and fused linear + cross-entropy. Liger's rope kernel is left out, and the module-level names
-    its patch rebinds in transformers' Llama module are restored at once: those are global, and
-    the stock side of the same process must keep running stock code."""
-    from liger_kernel.transformers import apply_liger_kernel_to_llama
-    from transformers.models.llama import modeling_llama
-
-    names = ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP")
-    saved = {name: getattr(modeling_llama, name) for name in names}
-    saved_forward = modeling_llama.LlamaForCausalLM.forward
-    try:
-        apply_liger_kernel_to_llama(rope=False, cross_entropy=False, fused_linear_cross_entropy=True,
-                                    rms_norm=True, swiglu=True, model=model)
-    finally:
-        for name, value in saved.items():
-            setattr(modeling_llama, name, value)
-        modeling_llama.LlamaForCausalLM.forward = saved_forward
-    return model
-
-
-def format_liger(rows: Sequence[dict]) -> list[str]:
-    """The Liger-Kernel side, where it ran: its ratio to stock and ours to it."""
-    lines = []
-    for r in rows:
-        lig = r.get("liger")
-        if not lig:
-            continue
-        if lig.get("status") != "ok":
-            lines.append(f"Liger, {r['label']}: {lig.get('status')} ({lig.get('note', '')})")
-            continue
-        lines.append(
-            f"Liger, {r['label']}: {lig['step_ms']:.2f} ms, {lig['ratio']:.3f}x stock, memory "
-            f"{_f(lig.get('memory_ratio'), '.3f')}x stock; cutlass_nn {lig['ours_vs_liger']:.3f}x "
-            f"Liger's speed; loss agrees with stock: {lig['loss']['agree']}"
-        )
-    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -596,6 +543,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--liger", action="store_true",
                    help="add a third side to the Llama rows: the stock model with Liger-Kernel's "
                    "patch (RMSNorm, SwiGLU, fused linear + cross-entropy; needs liger_kernel)")
+    p.add_argument("--torchao", action="store_true",
+                   help="with --fp8: add a side converted by torchao's float8 training with its "
+                   "recipe of that name (needs torchao; cutlass_nn/bench/peers.py)")
     p.add_argument("--fp8", choices=("tensorwise", "rowwise"), default=None,
                    help="convert with precision='fp8' and this scaling (e4m3 gradients): the "
                    "layers that pass cutlass_nn.fp8.eligible train in FP8; the LM head is left "
@@ -656,6 +606,7 @@ def main(argv: Sequence[str]) -> int:
     meta["fuse_rope"] = bool(args.fuse_rope)
     meta["liger"] = bool(args.liger)
     meta["fp8"] = args.fp8
+    meta["torchao"] = bool(args.torchao)
     specs = plan(args.families, args.sizes, args.modes)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"models_{bench._slug(meta)}_{bench._stamp()}"
@@ -672,7 +623,8 @@ def main(argv: Sequence[str]) -> int:
             row = run_row(spec, steps=args.steps, block=args.block, warmup=args.warmup,
                           autotune=args.autotune, fuse_norm=args.fuse_norm,
                           fuse_mlp=args.fuse_mlp, fuse_head=args.fuse_head,
-                          fuse_rope=args.fuse_rope, liger=args.liger, fp8=args.fp8)
+                          fuse_rope=args.fuse_rope, liger=args.liger, fp8=args.fp8,
+                          torchao=args.torchao)
         results["rows"].append(row)
         _write(json_path, results)
         if row["status"] == "ok":
@@ -694,7 +646,7 @@ def main(argv: Sequence[str]) -> int:
     except Exception as exc:
         print(f"(no plot: {exc})")
     print()
-    for line in format_table(rows) + format_targets(results["targets"]) + format_liger(rows):
+    for line in format_table(rows) + format_targets(results["targets"]) + peers.format_peers(rows):
         print(line)
     print(f"json {json_path}", flush=True)
     return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 3
