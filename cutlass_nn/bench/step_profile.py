@@ -34,7 +34,7 @@ import torch
 #: runs some kernels of its own built from CUTLASS templates, so on the stock side the
 #: "CUTLASS-named" GEMMs are cuBLAS's; on the converted side they are mostly cutlass_nn's.
 CATEGORIES: tuple[tuple[str, str], ...] = (
-    ("fp8 quantize", r"amax_(rows|tensor|cols)_kernel|cast_(transposed_)?kernel<"),
+    ("fp8 quantize", r"amax_(rows|tensor|cols)_kernel|cast_(transposed_|transposed_packs_)?kernel<"),
     ("gemm (CUTLASS-named)", r"cutlass::|GemmUniversal|gemm_fallback_kernel"),
     ("cutlass_nn other", r"cutlass_nn::"),
     ("gemm (cuBLAS-named)", r"nvjet|xmma|cublas|gemm|sm90_|sm80_"),
