@@ -64,10 +64,14 @@ def _check_precision(where: str, precision, recipe) -> Fp8Recipe | None:
     return recipe if recipe is not None else Fp8Recipe()
 
 
-_ACTIVATION_FN = {
-    "relu": torch.nn.functional.relu,
-    "gelu": torch.nn.functional.gelu,
-    "gelu_tanh": functools.partial(torch.nn.functional.gelu, approximate="tanh"),
+#: The torch form of every activation the layers name: CutlassLinear's activation after an FP8
+#: GEMM (no fused FP8 epilogue yet), and GatedMLP's gated activation when it cannot run the fused
+#: operator (see GatedMLP._fusable).
+_TORCH_ACTS = {
+    "relu": nn.functional.relu,
+    "silu": nn.functional.silu,
+    "gelu": nn.functional.gelu,
+    "gelu_tanh": functools.partial(nn.functional.gelu, approximate="tanh"),
 }
 
 
@@ -149,7 +153,7 @@ class CutlassLinear(nn.Linear):
     def forward(self, input: Tensor) -> Tensor:
         if self.precision == "fp8":
             y = _fp8.linear(input, self.weight, self.bias, self.fp8_recipe)
-            return y if self.activation is None else _ACTIVATION_FN[self.activation](y)
+            return y if self.activation is None else _TORCH_ACTS[self.activation](y)
         # One operator call (autocast, autograd and the kernel run in C++); with an activation,
         # linear_act, whose autograd kernel keeps the pre-activation when it is needed.
         if self.activation is None:
@@ -333,13 +337,6 @@ def _check_gated_activation(where: str, activation) -> str:
     return activation
 
 
-#: The torch form of each gated activation: what GatedMLP computes when it cannot run the fused
-#: operator (see GatedMLP._fusable).
-_TORCH_ACTS = {
-    "silu": nn.functional.silu,
-    "gelu": nn.functional.gelu,
-    "gelu_tanh": functools.partial(nn.functional.gelu, approximate="tanh"),
-}
 
 
 def _gated_activation_of(act_fn) -> str | None:
