@@ -63,3 +63,14 @@ def test_user_annotations_are_not_kernels():
     optimizer = types.SimpleNamespace(name="Optimizer.step#AdamW.step", device_type=cuda, device_time=9.0)
     host = types.SimpleNamespace(name="aten::mm", device_type=torch.autograd.DeviceType.CPU, device_time=0.0)
     assert [sp.is_kernel(e) for e in (kernel, annotation, optimizer, host)] == [True, False, False, False]
+
+
+@pytest.mark.parametrize("what", ["models", "host", "fused", "fp8", "step-profile"])
+def test_every_delegated_benchmark_says_it_needs_a_gpu(what, monkeypatch, capsys):
+    """Without a CUDA GPU each benchmark stops with exit code 2 and the same message
+    (cli.gpu_run_meta, the start they share)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["--what", what]) == 2
+    assert cli.NO_CUDA_MESSAGE in capsys.readouterr().err

@@ -207,6 +207,7 @@ from cutlass_nn.bench.cli import (  # noqa: F401
     _stamp,
     build_sweep_case,
     collect_meta,
+    gpu_run_meta,
     main,
     mode_settings,
     parse_args,

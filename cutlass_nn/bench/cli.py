@@ -361,6 +361,15 @@ def collect_meta(argv: Sequence[str]) -> dict:
     }
 
 
+def gpu_run_meta(argv: Sequence[str]) -> dict | None:
+    """The start every benchmark's ``main`` shares: None (the reason printed to stderr) when no
+    CUDA GPU is visible, else the run's metadata (:func:`collect_meta`, the command line in it)."""
+    if not torch.cuda.is_available():
+        print(NO_CUDA_MESSAGE, file=sys.stderr)
+        return None
+    return collect_meta(argv)
+
+
 def _plot_title(meta: dict) -> str:
     device, version, date = meta.get("device"), meta.get("torch"), meta.get("date_utc")
     return f"cutlass_nn vs torch: {device}, torch {version}, {date}"

@@ -31,7 +31,6 @@ import re
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -260,10 +259,9 @@ def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     from cutlass_nn.bench import cli as bench
 
-    if not torch.cuda.is_available():
-        print(bench.NO_CUDA_MESSAGE, file=sys.stderr)
+    meta = bench.gpu_run_meta(argv)
+    if meta is None:
         return 2
-    meta = bench.collect_meta(argv)
     if args.quantize:
         qrows = quantize_rows([int(t) for t in _csv(args.tokens)], _csv(args.families), args.reps)
         gm = math.exp(sum(math.log(r["ratio"]) for r in qrows) / len(qrows))

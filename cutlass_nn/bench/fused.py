@@ -399,11 +399,9 @@ def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     from cutlass_nn.bench import cli as bench
 
-    if not torch.cuda.is_available():
-        print(bench.NO_CUDA_MESSAGE, file=sys.stderr)
+    meta = bench.gpu_run_meta(argv)
+    if meta is None:
         return 2
-    meta = bench.collect_meta(argv)
-    meta["command"] = "python -m cutlass_nn.bench " + " ".join(argv)
     rows: list[dict] = []
     ceiling = copy_ceiling_gbs(args.reps)
     meta["copy_ceiling_gbs"] = ceiling

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -131,11 +130,9 @@ def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     from cutlass_nn.bench import cli as bench
 
-    if not torch.cuda.is_available():
-        print(bench.NO_CUDA_MESSAGE, file=sys.stderr)
+    meta = bench.gpu_run_meta(argv)
+    if meta is None:
         return 2
-    meta = bench.collect_meta(argv)
-    meta["command"] = "python -m cutlass_nn.bench " + " ".join(argv)
     rows = measure(make_cases(), calls=args.calls, repeats=args.repeats, sync=torch.cuda.synchronize)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"host_{bench._slug(meta)}_{bench._stamp()}.json"

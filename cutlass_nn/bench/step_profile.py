@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -131,11 +130,9 @@ def main(argv: Sequence[str]) -> int:
     from cutlass_nn.bench import models
 
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print(bench.NO_CUDA_MESSAGE, file=sys.stderr)
+    meta = bench.gpu_run_meta(argv)
+    if meta is None:
         return 2
-    meta = bench.collect_meta(argv)
-    meta["command"] = "python -m cutlass_nn.bench " + " ".join(argv)
     size = models.MODEL_SIZES[args.size]
     batches = models.make_batches(size, 4, "cuda")
     result: dict[str, Any] = {"mode": "step-profile", "meta": meta, "settings": vars(args) | {"out": str(args.out)},
