@@ -42,7 +42,8 @@ TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
                          "activation_grad", "rms_norm", "add_rms_norm", "rms_norm_backward",
                          "gated_act", "gated_act_backward", "gated_act_backward_",
                          "gated_mlp", "cross_entropy_rows_", "rotary_embedding",
-                         "rotary_embedding_backward", "fp8_scaled_mm", "fp8_quantize"}) {
+                         "rotary_embedding_backward", "fp8_scaled_mm", "fp8_quantize",
+                         "fp8_quantize_both"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&no_cuda_kernels>());
   }
 }

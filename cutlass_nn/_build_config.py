@@ -166,8 +166,8 @@ SUBSET_LIST = os.path.join(ROOT, "csrc", "kernels", "generated", "kernel_subset.
 def choose_kernel_set(log: Log = log) -> str:
     """``CUTLASS_NN_KERNEL_SET``: ``full`` (default) compiles every generated GEMM kernel;
     ``ci`` only the representative set of ``csrc/kernels/generated/kernel_subset.txt`` (one
-    kernel per family; the other dtypes / layouts then run on the fallback kernels): a proof that
-    every template path compiles and links, for a CI machine, not a build to run models with."""
+    kernel per family; the other dtypes / layouts then run on other, slower kernels): a proof that
+    each kernel family compiles and links, for a CI machine, not a build to run models with."""
     kernel_set = os.environ.get("CUTLASS_NN_KERNEL_SET", "full").strip() or "full"
     if kernel_set not in KERNEL_SETS:
         raise BuildConfigError(

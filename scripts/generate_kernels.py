@@ -8,8 +8,9 @@ priority order: the first row that fits a problem wins), and
 csrc/kernels/generated/kernel_subset.txt, the files of the representative kernel set (the first
 kernel of each kernel family: family, tile configuration, epilogue, fused activation or not,
 operand precision class), which the build compiles alone with ``CUTLASS_NN_KERNEL_SET=ci``
-(the CI machine proves that every template path compiles and links without compiling every
-dtype / layout variant; the registry rows of the other kernels are then left out).
+(the CI machine proves that each family compiles and links without compiling every dtype /
+layout / activation variant of it, which only the full build compiles; the registry rows of the
+other kernels are then left out).
 
 Usage:
     python scripts/generate_kernels.py            # (re)write the files

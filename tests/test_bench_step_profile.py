@@ -24,6 +24,11 @@ from cutlass_nn.bench import cli, step_profile as sp
     ("nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NTN", "gemm (cuBLAS-named)"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "gemm (cuBLAS-named)"),
     ("void pytorch_flash::flash_fwd_kernel<...>", "attention"),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128, "
+     "8, 2, 4, 2, false, false, cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> "
+     ">, true, false, false, false, false, true, false, false>(...)", "attention"),
+    ("void fmha_cutlassB_bf16_aligned_64x64_k128_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<"
+     "cutlass::arch::Sm80, cutlass::bfloat16_t, true, false, false, 64, 64, 128, false>::Params)", "attention"),
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >",
      "other"),

@@ -67,3 +67,14 @@ def test_version():
     # the version is dynamic (read from cutlass_nn/_version.py by setup.py), never duplicated
     assert re.search(r'dynamic\s*=\s*\[[^\]]*"version"', pyproject)
     assert not re.search(r'^version\s*=', pyproject, re.M)
+
+
+def test_every_operator_with_a_cpu_kernel_has_a_cuda_kernel():
+    """Each operator the CPU runs has a CUDA kernel too: the real one (CUDA flavor) or, in the CPU
+    flavor, the one that says the build has no CUDA kernels (csrc/cuda_unavailable.cpp) instead
+    of the dispatcher's list of registered keys. A new operator left out of either fails here."""
+    names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("cutlass_nn::")]
+    assert names
+    missing = [n for n in names if torch._C._dispatch_has_kernel_for_dispatch_key(n, "CPU")
+               and not torch._C._dispatch_has_kernel_for_dispatch_key(n, "CUDA")]
+    assert not missing, missing

@@ -34,10 +34,11 @@ import torch
 #: "CUTLASS-named" GEMMs are cuBLAS's; on the converted side they are mostly cutlass_nn's.
 CATEGORIES: tuple[tuple[str, str], ...] = (
     ("fp8 quantize", r"amax_(rows|tensor|cols)_kernel|cast_(transposed_|transposed_packs_)?kernel<"),
+    # before the GEMMs: torch's flash / memory-efficient attention kernels carry CUTLASS types
+    ("attention", r"flash|fmha|attention|sdpa|efficient"),
     ("gemm (CUTLASS-named)", r"cutlass::|GemmUniversal|gemm_fallback_kernel"),
     ("cutlass_nn other", r"cutlass_nn::"),
     ("gemm (cuBLAS-named)", r"nvjet|xmma|cublas|gemm|sm90_|sm80_"),
-    ("attention", r"flash|fmha|attention|sdpa|efficient"),
     ("optimizer", r"adam|multi_tensor|foreach"),
     ("normalization", r"norm"),
     ("cross entropy / softmax", r"softmax|cross_entropy|log_softmax|nll"),
