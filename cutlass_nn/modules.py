@@ -337,8 +337,6 @@ def _check_gated_activation(where: str, activation) -> str:
     return activation
 
 
-
-
 def _gated_activation_of(act_fn) -> str | None:
     """The gated activation name that ``act_fn`` computes, or None when it is none of them.
 

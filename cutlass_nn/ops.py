@@ -1005,23 +1005,25 @@ def _check_fp8_quantize(op, x, format, axis):
            f'argument \'axis\' must be "tensor", "row" or "column", got "{axis}"')
 
 
-@torch.library.register_fake("cutlass_nn::fp8_quantize_both")
-def _fp8_quantize_both_fake(x, format, axis):
-    _check_fp8_quantize("fp8_quantize_both", x, format, axis)
+def _fp8_quantize_meta(op, x, format, axis):
+    """Checks of both quantize operators, then (float8 dtype, the untransposed scale shape)."""
+    _check_fp8_quantize(op, x, format, axis)
     rows, cols = x.shape
     dtype = torch.float8_e4m3fn if format == "e4m3" else torch.float8_e5m2
-    shape = {"tensor": (), "row": (rows, 1), "column": (1, cols)}[axis]
+    return dtype, {"tensor": (), "row": (rows, 1), "column": (1, cols)}[axis]
+
+
+@torch.library.register_fake("cutlass_nn::fp8_quantize_both")
+def _fp8_quantize_both_fake(x, format, axis):
+    dtype, shape = _fp8_quantize_meta("fp8_quantize_both", x, format, axis)
+    rows, cols = x.shape
     return (x.new_empty((rows, cols), dtype=dtype), x.new_empty((cols, rows), dtype=dtype),
             x.new_empty(shape, dtype=torch.float32))
 
 
 @torch.library.register_fake("cutlass_nn::fp8_quantize")
 def _fp8_quantize_fake(x, format, axis, transpose):
-    _check_fp8_quantize("fp8_quantize", x, format, axis)
+    dtype, shape = _fp8_quantize_meta("fp8_quantize", x, format, axis)
     rows, cols = x.shape
-    dtype = torch.float8_e4m3fn if format == "e4m3" else torch.float8_e5m2
     data = x.new_empty((cols, rows) if transpose else (rows, cols), dtype=dtype)
-    shape = {"tensor": (), "row": (rows, 1), "column": (1, cols)}[axis]
-    if transpose and len(shape) == 2:
-        shape = shape[::-1]
-    return data, x.new_empty(shape, dtype=torch.float32)
+    return data, x.new_empty(shape[::-1] if transpose else shape, dtype=torch.float32)

@@ -296,6 +296,25 @@ def compare_losses(stock: Sequence[float], ours: Sequence[float]) -> dict[str, A
     }
 
 
+def convert_side(
+    model: nn.Module,
+    *,
+    fp8: str | None = None,
+    fuse_norm: bool = False,
+    fuse_mlp: bool = False,
+    fuse_rope: bool = False,
+    fuse_head: bool = False,
+    example_inputs: dict[str, torch.Tensor] | None = None,
+) -> nn.Module:
+    """The converted side of a row: ``cutlass_nn.convert`` with the benchmark's options (the FP8
+    arguments of :func:`cutlass_nn.bench.fp8.convert_args`; the head fused only where
+    ``fused_head.can_fuse_lm_head`` takes the model)."""
+    fp8_args = {} if fp8 is None else bench_fp8.convert_args(fp8)
+    return cutlass_nn.convert(model, example_inputs=example_inputs, fuse_norm=fuse_norm,
+                              fuse_mlp=fuse_mlp, fuse_rope=fuse_rope, **fp8_args,
+                              fuse_head=fuse_head and cutlass_nn.fused_head.can_fuse_lm_head(model))
+
+
 def run_row(
     spec: RowSpec,
     *,
@@ -339,11 +358,9 @@ def run_row(
                     return peers.apply(side, model, fp8)
                 if side != "cutlass_nn":
                     return model
-                example = batches[0] if autotune else None
-                fp8_args = {} if fp8 is None else bench_fp8.convert_args(fp8)
-                return cutlass_nn.convert(model, example_inputs=example, fuse_norm=fuse_norm,
-                                          fuse_mlp=fuse_mlp, fuse_rope=fuse_rope, **fp8_args,
-                                          fuse_head=fuse_head and cutlass_nn.fused_head.can_fuse_lm_head(model))
+                return convert_side(model, fp8=fp8, fuse_norm=fuse_norm, fuse_mlp=fuse_mlp,
+                                    fuse_rope=fuse_rope, fuse_head=fuse_head,
+                                    example_inputs=batches[0] if autotune else None)
 
             return build
 

@@ -125,8 +125,6 @@ def profile_side(model: torch.nn.Module, batches, steps: int, warmup: int, top: 
 
 
 def main(argv: Sequence[str]) -> int:
-    import cutlass_nn
-    from cutlass_nn.bench import fp8 as bench_fp8
     from cutlass_nn.bench import cli as bench
     from cutlass_nn.bench import models
 
@@ -142,10 +140,9 @@ def main(argv: Sequence[str]) -> int:
         with torch.device("cuda"):
             model = models.build_model(args.family, size).to(dtype=torch.bfloat16)
         if side == "cutlass_nn":
-            fp8_args = {} if args.fp8 is None else bench_fp8.convert_args(args.fp8)
-            model = cutlass_nn.convert(
-                model, fuse_norm=args.fuse_norm, fuse_mlp=args.fuse_mlp, fuse_rope=args.fuse_rope,
-                fuse_head=args.fuse_head and cutlass_nn.fused_head.can_fuse_lm_head(model), **fp8_args)
+            model = models.convert_side(model, fp8=args.fp8, fuse_norm=args.fuse_norm,
+                                        fuse_mlp=args.fuse_mlp, fuse_rope=args.fuse_rope,
+                                        fuse_head=args.fuse_head)
         result["sides"][side] = profile_side(model, batches, args.steps, args.warmup, args.top)
         del model
         torch.cuda.empty_cache()
@@ -157,9 +154,7 @@ def main(argv: Sequence[str]) -> int:
         for k in r["top_kernels"]:
             print(f"   {k['ms_per_step']:8.3f} ms {k['calls_per_step']:6.1f}x  {k['name'][:110]}")
     args.out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    device = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
-    path = args.out / f"step_profile_{device}_{stamp}.json"
+    path = args.out / f"step_profile_{bench._slug(meta)}_{bench._stamp()}.json"
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"json {path}", flush=True)
     return 0
