@@ -124,4 +124,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize_both_aten(const at::
   return {data, data_t, scale};
 }
 
+std::tuple<c10::ScalarType, int> check_fp8_cast_args(const at::Tensor& x, const at::Tensor& scale,
+                                                     c10::string_view format) {
+  const char* op = "fp8_cast";
+  const auto [fp8, unused] = check_fp8_quantize_args(x, format, "tensor", op);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const bool one = scale.dim() == 0 || (scale.dim() == 1 && scale.size(0) == 1);
+  const bool per_row = scale.dim() == 2 && scale.size(0) == rows && scale.size(1) == 1;
+  const bool per_col = scale.dim() == 2 && scale.size(0) == 1 && scale.size(1) == cols;
+  TORCH_CHECK(scale.scalar_type() == c10::kFloat && (one || per_row || per_col), "cutlass_nn.", op,
+              ": argument 'scale' must be a float32 tensor of shape [] or [1] (one value), [",
+              std::to_string(rows), ", 1] (per row) or [1, ", std::to_string(cols),
+              "] (per column), got ", describe(scale));
+  check_same_device(op, "scale", scale, "x", x);
+  return {fp8, one ? 0 : per_row ? 1 : 2};
+}
+
+at::Tensor fp8_cast_aten(const at::Tensor& x, const at::Tensor& scale, c10::ScalarType fp8,
+                         bool transpose) {
+  const double largest = fp8 == c10::kFloat8_e4m3fn ? 448.0 : 57344.0;
+  const at::Tensor qs = scale.reciprocal();
+  at::Tensor data = x.to(at::kFloat).mul(qs).clamp(-largest, largest).to(fp8);
+  return transpose ? data.t().contiguous() : data;
+}
+
 }  // namespace cutlass_nn

@@ -53,4 +53,17 @@ std::tuple<at::Tensor, at::Tensor> fp8_quantize_aten(const at::Tensor& x, c10::S
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize_both_aten(const at::Tensor& x,
                                                                       c10::ScalarType fp8, int axis);
 
+// fp8_cast(x [R, C], scale, format, transpose): x as for fp8_quantize; scale float32 on x's
+// device, of shape [] or [1] (one value), [R, 1] (per row) or [1, C] (per column). Returns the
+// float8 dtype and the axis code the scale's shape gives (a [1, 1] scale of a one-row x is per
+// row, of a one-column x per column).
+std::tuple<c10::ScalarType, int> check_fp8_cast_args(const at::Tensor& x, const at::Tensor& scale,
+                                                     c10::string_view format);
+
+// data = cast(clamp(x * (1 / scale), -largest, largest)), the reciprocal rounded to float32 (as
+// fp8_reference.cast_with_scale): x quantized with known dequantization scales, no maximum.
+// With transpose, data is [C, R] (contiguous).
+at::Tensor fp8_cast_aten(const at::Tensor& x, const at::Tensor& scale, c10::ScalarType fp8,
+                         bool transpose);
+
 }  // namespace cutlass_nn

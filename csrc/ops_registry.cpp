@@ -357,6 +357,10 @@ TORCH_LIBRARY(cutlass_nn, m) {
   // maximum pass and one cast pass writing both (the output gradient of an FP8 layer, which the
   // data gradient reads by rows and the weight gradient by columns).
   m.def("fp8_quantize_both(Tensor x, str format, str axis) -> (Tensor, Tensor, Tensor)", tags);
+  // x cast with known dequantization scales (one value, [R, 1] or [1, C], e.g. those an earlier
+  // fp8_quantize of the same tensor returned): data = cast(clamp(x * (1 / scale))), optionally
+  // transposed; no maximum pass. Bitwise cutlass_nn.fp8_reference.cast_with_scale.
+  m.def("fp8_cast(Tensor x, Tensor scale, str format, bool transpose) -> Tensor", tags);
 
   m.def("build_info() -> str", &build_info);
   m.def("_autograd_keeps_graph() -> bool", &autograd_keeps_graph);

@@ -60,8 +60,9 @@ class _Fp8Linear(torch.autograd.Function):
     Every GEMM operand comes out of :func:`cutlass_nn.ops.fp8_quantize` in the layout the FP8
     kernels read (A row-major, B column-major, both K-major): the backward's transposed operands
     are written transposed by the quantization itself. The backward quantizes ``x`` and the
-    weight again (deterministic: the forward's values), so only ``x`` and the weight are kept,
-    as ``nn.Linear`` keeps them."""
+    weight again (rowwise: per column; tensorwise: cast with the forward's two scales,
+    :func:`cutlass_nn.ops.fp8_cast`, no second maximum), so only ``x`` and the weight are kept,
+    as ``nn.Linear`` keeps them (plus two one-element scales)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, scaling, grad_format, out_dtype):
@@ -72,7 +73,8 @@ class _Fp8Linear(torch.autograd.Function):
         wq, ws = ops.fp8_quantize(weight, "e4m3", axis)  # [N, K], scales [N, 1] or one
         b = None if bias is None else bias.to(out_dtype)
         y = ops.fp8_scaled_mm(xq, wq.t(), xs, _transposed_scale(ws), b, out_dtype)
-        ctx.save_for_backward(x2, weight)
+        # tensorwise: the backward casts x and the weight with these scales (no second maximum)
+        ctx.save_for_backward(x2, weight, *(() if scaling == "rowwise" else (xs, ws)))
         ctx.scaling, ctx.grad_format = scaling, grad_format
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -82,7 +84,7 @@ class _Fp8Linear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output):
-        x2, weight = ctx.saved_tensors
+        x2, weight, *forward_scales = ctx.saved_tensors
         n = weight.shape[0]
         g2 = grad_output.reshape(-1, n)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
@@ -99,7 +101,11 @@ class _Fp8Linear(torch.autograd.Function):
             # column-major, i.e. W^T [K, N] quantized per row, transposed back.
             if gq is None:
                 gq, gs = ops.fp8_quantize(g2, fmt, "row" if rowwise else "tensor")
-            wt, wts = ops.fp8_quantize(weight, "e4m3", "column" if rowwise else "tensor", True)
+            if rowwise:
+                wt, wts = ops.fp8_quantize(weight, "e4m3", "column", True)
+            else:
+                wts = forward_scales[1]
+                wt = ops.fp8_cast(weight, wts, "e4m3", True)
             dx = ops.fp8_scaled_mm(gq, wt.t(), gs, _transposed_scale(wts), None, ctx.x_dtype)
             dx = dx.reshape(ctx.x_shape)
         if need_w:
@@ -108,7 +114,11 @@ class _Fp8Linear(torch.autograd.Function):
             axis = "column" if rowwise else "tensor"
             if gt is None:
                 gt, gts = ops.fp8_quantize(g2, fmt, axis, True)
-            xt, xts = ops.fp8_quantize(x2, "e4m3", axis, True)
+            if rowwise:
+                xt, xts = ops.fp8_quantize(x2, "e4m3", axis, True)
+            else:
+                xts = forward_scales[0]
+                xt = ops.fp8_cast(x2, xts, "e4m3", True)
             dw = ops.fp8_scaled_mm(gt, xt.t(), gts, _transposed_scale(xts), None,
                                    ctx.weight_dtype)
         if need_b and ctx.bias_dtype is not None:

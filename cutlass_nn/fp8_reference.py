@@ -129,6 +129,19 @@ def quantize_unchecked(x: Tensor, fmt: str = "e4m3", dim: int | None = None) -> 
     return data, quant_scale.reciprocal()
 
 
+def cast_with_scale(x: Tensor, scale: Tensor, fmt: str = "e4m3") -> Tensor:
+    """``x`` quantized with known dequantization scales (``scale``: one value or a shape that
+    broadcasts against ``x``, e.g. the scale an earlier :func:`quantize` of the same tensor
+    returned): ``cast(clamp(x * (1 / scale)))``, the reciprocal rounded to float32. With the
+    scale of ``quantize(x)`` the data can differ from ``quantize(x)``'s in the last FP8 bit where
+    ``1 / (1 / q)`` is not ``q`` in float32 and the product lies on a rounding boundary; it is
+    what a layer's backward computes when it reuses the forward's scale instead of taking the
+    maximum again."""
+    dtype = FORMATS[fmt]
+    largest = torch.finfo(dtype).max
+    return (x.detach().float() * scale.reciprocal()).clamp(-largest, largest).to(dtype)
+
+
 def dequantize(data: Tensor, scale: Tensor) -> Tensor:
     """``data.float() * scale`` (float32)."""
     return data.float() * scale
@@ -247,6 +260,16 @@ def linear_forward(
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def _backward_operand(t: Tensor, rowwise: bool) -> tuple[Tensor, Tensor]:
+    """``x`` or the weight for a backward GEMM: rowwise, quantized per column (an axis the
+    forward did not scale along); tensorwise, cast with the forward's scale (the same maximum,
+    so the same scale: :func:`cast_with_scale`, no second maximum)."""
+    if rowwise:
+        return quantize(t, "e4m3", 0)
+    scale = quantize(t, "e4m3", None)[1]
+    return cast_with_scale(t, scale, "e4m3"), scale
+
+
 def linear_backward(
     grad_output: Tensor,
     x: Tensor,
@@ -268,11 +291,11 @@ def linear_backward(
     dx = dw = db = None
     if needs[0]:
         gq, gs = quantize(g2, gfmt, 1 if rowwise else None)  # per row m
-        wq, ws = quantize(weight, "e4m3", 0 if rowwise else None)  # per column k: [1, K]
+        wq, ws = _backward_operand(weight, rowwise)  # per column k: [1, K]
         dx = scaled_mm(gq, gs, wq, ws, x.dtype).reshape(x.shape)
     if needs[1]:
         gq, gs = quantize(g2, gfmt, 0 if rowwise else None)  # per column n: [1, N]
-        xq, xs = quantize(x2, "e4m3", 0 if rowwise else None)  # per column k: [1, K]
+        xq, xs = _backward_operand(x2, rowwise)  # per column k: [1, K]
         dw = scaled_mm(gq.t(), gs.t() if gs.dim() else gs, xq, xs, weight.dtype)
     if needs[2]:
         db = g2.float().sum(0)

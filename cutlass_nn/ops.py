@@ -331,6 +331,16 @@ def fp8_quantize_both(
     return _ops.fp8_quantize_both.default(x, format, axis)
 
 
+def fp8_cast(x: Tensor, scale: Tensor, format: str = "e4m3", transpose: bool = False) -> Tensor:
+    """``x`` (2-d float16 / bfloat16 / float32) cast to FP8 with known dequantization scales:
+    ``cast(clamp(x * (1 / scale)))``, ``scale`` float32 of shape ``[]`` / ``[1]`` (one value),
+    ``[R, 1]`` (per row) or ``[1, C]`` (per column) on ``x``'s device, e.g. the scale an earlier
+    :func:`fp8_quantize` of the same tensor returned; with ``transpose`` the data of ``x^T``
+    (``[C, R]``, contiguous). One pass over ``x`` (no maximum). Bitwise
+    :func:`cutlass_nn.fp8_reference.cast_with_scale`. Not differentiable."""
+    return _ops.fp8_cast.default(x, scale, format, bool(transpose))
+
+
 def fp8_configs() -> list[str]:
     """Names of the SM90 FP8 tile configurations, in index order (empty in the CPU flavor)."""
     return [n for n in _ops._fp8_configs.default().splitlines() if n]
@@ -1027,3 +1037,16 @@ def _fp8_quantize_fake(x, format, axis, transpose):
     rows, cols = x.shape
     data = x.new_empty((cols, rows) if transpose else (rows, cols), dtype=dtype)
     return data, x.new_empty(shape[::-1] if transpose else shape, dtype=torch.float32)
+
+
+@torch.library.register_fake("cutlass_nn::fp8_cast")
+def _fp8_cast_fake(x, scale, format, transpose):
+    _check_fp8_quantize("fp8_cast", x, format, "tensor")
+    rows, cols = x.shape
+    shapes = ([], [1], [rows, 1], [1, cols])
+    _check(scale.dtype == torch.float32 and list(scale.shape) in shapes, "fp8_cast",
+           f"argument 'scale' must be a float32 tensor of shape [] or [1] (one value), [{rows}, 1] "
+           f"(per row) or [1, {cols}] (per column), got a {_dtype_name(scale.dtype)} tensor of "
+           f"shape {list(scale.shape)}")
+    dtype = torch.float8_e4m3fn if format == "e4m3" else torch.float8_e5m2
+    return x.new_empty((cols, rows) if transpose else (rows, cols), dtype=dtype)

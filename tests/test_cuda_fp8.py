@@ -322,6 +322,21 @@ def test_quantize_both_bitwise_cpu(axis, fmt, dtype, shape):
     assert torch.equal(scale.cpu(), want_scale)
 
 
+@pytest.mark.parametrize("axis", ["tensor", "row", "column"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(37, 45), (256, 1024), (80, 200), (4099, 96), (0, 8)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("transpose", [False, True])
+def test_cast_bitwise_cpu(axis, dtype, shape, transpose):
+    """The cast with given scales (no maximum pass) on every cast kernel: bitwise the CPU's."""
+    gen = torch.Generator().manual_seed(shape[0] * 13 + shape[1])
+    x = (torch.randn(*shape, generator=gen) * torch.exp2(torch.randint(-12, 12, shape, generator=gen).float())).to(dtype)
+    _, scale = ops.fp8_quantize(x, "e4m3", axis)
+    data = ops.fp8_cast(x.cuda(), scale.cuda(), "e4m3", transpose)
+    want = ops.fp8_cast(x, scale, "e4m3", transpose)
+    assert data.shape == want.shape and torch.equal(_bits(data.cpu()), _bits(want))
+
+
 def test_quantize_strided_input_and_nonfinite():
     x = torch.randn(64, 48, device="cuda", dtype=torch.bfloat16)
     x[3, 7] = float("inf")

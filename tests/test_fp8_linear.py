@@ -72,8 +72,11 @@ def test_backward_quantizes_a_tensorwise_gradient_once(scaling):
     names = [e.name for e in prof.events()]
     both = names.count("cutlass_nn::fp8_quantize_both")
     single = names.count("cutlass_nn::fp8_quantize")
-    # dY once (both layouts) + W^T + X^T; rowwise: dY twice + W^T + X^T
-    assert (both, single) == ((1, 2) if scaling == "tensorwise" else (0, 4)), (both, single)
+    cast = names.count("cutlass_nn::fp8_cast")
+    # tensorwise: dY once (both layouts), W^T and X^T cast with the forward's scales;
+    # rowwise: dY twice, W^T and X^T per column
+    expected = (1, 0, 2) if scaling == "tensorwise" else (0, 4, 0)
+    assert (both, single, cast) == expected, (both, single, cast)
 
 
 def test_close_to_bf16_layer():

@@ -265,8 +265,15 @@ def test_linear_bf16_against_float64(recipe, gen):
     check(f8.linear_forward(x, w, None, recipe), _deq64(x, "e4m3", row), _deq64(w, "e4m3", row).t())
     dx, dw, _ = f8.linear_backward(gy, x, w, recipe)
     gf = recipe.grad_format
-    check(dx, _deq64(gy, gf, row), _deq64(w, "e4m3", col))
-    check(dw, _deq64(gy, gf, col).t(), _deq64(x, "e4m3", col))
+
+    def operand64(t):  # the backward's x / weight: per column, or cast with the forward's scale
+        if rw:
+            return _deq64(t, "e4m3", col)
+        scale = f8.quantize(t, "e4m3", None)[1]
+        return f8.cast_with_scale(t, scale, "e4m3").double() * scale.double()
+
+    check(dx, _deq64(gy, gf, row), operand64(w))
+    check(dw, _deq64(gy, gf, col).t(), operand64(x))
     y1 = f8.linear_forward(x[2], w, None, recipe)
     assert y1.shape == (10,)
     if rw:  # one row: the same scale as that row of the batch

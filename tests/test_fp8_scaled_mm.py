@@ -284,3 +284,49 @@ def test_quantize_both_errors_and_opcheck():
         assert d.dtype == rd.dtype == dt.dtype
         torch.library.opcheck(torch.ops.cutlass_nn.fp8_quantize_both.default, (x, "e5m2", axis),
                               test_utils=OPCHECK_UTILS)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8_cast
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", list(AXES))
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(7, 33), (1, 1), (64, 16), (0, 5)])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_cast_equals_reference(axis, fmt, dtype, shape, transpose):
+    gen = torch.Generator().manual_seed(5 * sum(shape) + 2)
+    x = (torch.randn(*shape, generator=gen) * torch.exp2(torch.randint(-20, 20, shape, generator=gen).float())).to(dtype)
+    _, scale = ops.fp8_quantize(x, fmt, axis)
+    data = ops.fp8_cast(x, scale, fmt, transpose)
+    want = R.cast_with_scale(x, scale, fmt)
+    if transpose:
+        want = want.t()
+        assert data.is_contiguous()
+    assert data.shape == want.shape and torch.equal(bits(data), bits(want.contiguous()))
+    # the forward's scale gives the forward's data but where 1 / (1 / q) != q moves a boundary
+    # product: at most one FP8 step apart, rarely
+    quantized = ops.fp8_quantize(x, fmt, axis, transpose)[0]
+    if x.numel():
+        steps = (bits(data).int() - bits(quantized).int()).abs()
+        assert steps.max() <= 1 and steps.float().mean() < 0.05
+
+
+def test_cast_errors_fake_and_opcheck():
+    x = torch.randn(6, 10)
+    with pytest.raises(RuntimeError, match=r"cutlass_nn.fp8_cast: argument 'scale' must be a float32 "
+                                           r"tensor of shape \[\] or \[1\] \(one value\), \[6, 1\] "
+                                           r"\(per row\) or \[1, 10\] \(per column\), got a float32 "
+                                           r"tensor of shape \[6\]"):
+        ops.fp8_cast(x, torch.ones(6), "e4m3")
+    with pytest.raises(RuntimeError, match="cutlass_nn.fp8_cast: argument 'format'"):
+        ops.fp8_cast(x, torch.ones(()), "e3m4")
+    for scale in (torch.ones(()), torch.ones(1), torch.ones(6, 1), torch.ones(1, 10)):
+        for transpose in (False, True):
+            with FakeTensorMode() as mode:
+                d = ops.fp8_cast(mode.from_tensor(x), mode.from_tensor(scale), "e4m3", transpose)
+            assert d.shape == ops.fp8_cast(x, scale, "e4m3", transpose).shape
+            torch.library.opcheck(torch.ops.cutlass_nn.fp8_cast.default, (x, scale, "e4m3", transpose),
+                                  test_utils=OPCHECK_UTILS)

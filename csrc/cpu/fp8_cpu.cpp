@@ -33,12 +33,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize_both_cpu(const at::T
   return fp8_quantize_both_aten(x, fp8, axis_code);
 }
 
+at::Tensor fp8_cast_cpu(const at::Tensor& x, const at::Tensor& scale, c10::string_view format,
+                        bool transpose) {
+  const auto [fp8, axis_code] = check_fp8_cast_args(x, scale, format);
+  (void)axis_code;
+  return fp8_cast_aten(x, scale, fp8, transpose);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_nn, CPU, m) {
   m.impl("fp8_scaled_mm", &fp8_scaled_mm_cpu);
   m.impl("fp8_quantize", &fp8_quantize_cpu);
   m.impl("fp8_quantize_both", &fp8_quantize_both_cpu);
+  m.impl("fp8_cast", &fp8_cast_cpu);
 }
 
 }  // namespace cutlass_nn

@@ -189,6 +189,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize_both_cuda(const at::
   return {data, data_t, scale};
 }
 
+at::Tensor fp8_cast_cuda(const at::Tensor& x_in, const at::Tensor& scale_in,
+                         c10::string_view format, bool transpose) {
+  const auto [fp8, axis_code] = check_fp8_cast_args(x_in, scale_in, format);
+  c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor scale = scale_in.contiguous();
+  const int64_t rows = x.size(0), cols = x.size(1);
+  at::Tensor data = empty_output(transpose ? c10::IntArrayRef{cols, rows}
+                                           : c10::IntArrayRef{rows, cols},
+                                 x.options().dtype(fp8));
+  kernels::Fp8QuantizeParams p;
+  p.x = x.data_ptr();
+  p.dtype_x = kernel_dtype(x.scalar_type());
+  p.rows = rows;
+  p.cols = cols;
+  p.format = fp8 == c10::kFloat8_e4m3fn ? kernels::Fp8Format::kE4M3 : kernels::Fp8Format::kE5M2;
+  p.axis = static_cast<kernels::Fp8Axis>(axis_code);
+  p.transpose = transpose;
+  p.data = data.data_ptr();
+  p.given_scale = scale.data_ptr<float>();
+  p.multiprocessors = device_info(x.get_device()).multiprocessors;
+  check_launch("fp8_cast",
+               kernels::launch_fp8_quantize(p, c10::cuda::getCurrentCUDAStream(x.get_device()).stream()),
+               x);
+  return data;
+}
+
 }  // namespace
 
 int64_t set_fp8_config(int64_t config) {
@@ -219,6 +246,7 @@ TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
   m.impl("fp8_scaled_mm", &fp8_scaled_mm_cuda);
   m.impl("fp8_quantize", &fp8_quantize_cuda);
   m.impl("fp8_quantize_both", &fp8_quantize_both_cuda);
+  m.impl("fp8_cast", &fp8_cast_cuda);
 }
 
 }  // namespace cuda

@@ -65,6 +65,12 @@ __device__ __forceinline__ float quant_scale(uint32_t amax_bits, float largest) 
   return __fmul_rn(__frcp_rn(clamped), largest);
 }
 
+// The quantization factor of slice j: from its maximum, or the reciprocal of a given scale.
+__device__ __forceinline__ float slice_qs(const uint32_t* amax, const float* given, int64_t j,
+                                          float largest) {
+  return given != nullptr ? __frcp_rn(given[j]) : quant_scale(amax[j], largest);
+}
+
 __device__ __forceinline__ uint8_t to_fp8(float v, float qs, float largest, Fp8Format format) {
   float s = __fmul_rn(v, qs);
   s = s > largest ? largest : (s < -largest ? -largest : s);  // NaN passes through
@@ -150,13 +156,13 @@ __device__ __forceinline__ void write_scales(const uint32_t* amax, float* scale,
 // scales.
 template <class T, bool kVec>
 __global__ void cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, Fp8Axis axis,
-                            Fp8Format format, float largest, const uint32_t* __restrict__ amax,
+                            Fp8Format format, float largest, const uint32_t* __restrict__ amax, const float* __restrict__ given,
                             uint8_t* __restrict__ data, float* __restrict__ scale,
                             int64_t scale_count) {
-  const float tensor_qs = quant_scale(amax[0], largest);
+  const float tensor_qs = slice_qs(amax, given, 0, largest);
   constexpr int E = Pack<T>::kElems;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float row_qs = axis == Fp8Axis::kRow ? quant_scale(amax[r], largest) : tensor_qs;
+    const float row_qs = axis == Fp8Axis::kRow ? slice_qs(amax, given, r, largest) : tensor_qs;
     if constexpr (kVec) {
       // E elements in, E bytes out (8 for 16-bit x, 4 for float32) with one store each
       for (int64_t c = threadIdx.x * int64_t(E); c < cols; c += int64_t(blockDim.x) * E) {
@@ -169,19 +175,19 @@ __global__ void cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
         } out;
 #pragma unroll
         for (int i = 0; i < E; ++i) {
-          const float qs = axis == Fp8Axis::kColumn ? quant_scale(amax[c + i], largest) : row_qs;
+          const float qs = axis == Fp8Axis::kColumn ? slice_qs(amax, given, c + i, largest) : row_qs;
           out.bytes[i] = to_fp8(v[i], qs, largest, format);
         }
         *reinterpret_cast<Store*>(data + r * cols + c) = out.word;
       }
     } else {
       for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-        const float qs = axis == Fp8Axis::kColumn ? quant_scale(amax[c], largest) : row_qs;
+        const float qs = axis == Fp8Axis::kColumn ? slice_qs(amax, given, c, largest) : row_qs;
         data[r * cols + c] = to_fp8(load_float(x, r * cols + c), qs, largest, format);
       }
     }
   }
-  write_scales(amax, scale, scale_count, largest);
+  if (given == nullptr) write_scales(amax, scale, scale_count, largest);
 }
 
 // data^T [cols, rows]: 32x32 tiles through shared memory (blockDim 32 x 8); with data_rows,
@@ -189,18 +195,18 @@ __global__ void cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
 template <class T, bool kBoth>
 __global__ void cast_transposed_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                        Fp8Axis axis, Fp8Format format, float largest,
-                                       const uint32_t* __restrict__ amax,
+                                       const uint32_t* __restrict__ amax, const float* __restrict__ given,
                                        uint8_t* __restrict__ data, uint8_t* __restrict__ data_rows,
                                        float* __restrict__ scale, int64_t scale_count) {
   __shared__ uint8_t tile[32][33];
-  const float tensor_qs = quant_scale(amax[0], largest);
+  const float tensor_qs = slice_qs(amax, given, 0, largest);
   // row tiles on grid.x (up to 2^31 - 1 of them: any token count), column tiles on grid.y
   const int64_t r0 = int64_t(blockIdx.x) * 32, c0 = int64_t(blockIdx.y) * 32;
   for (int j = threadIdx.y; j < 32; j += blockDim.y) {
     const int64_t r = r0 + j, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
       float qs = tensor_qs;
-      if (axis != Fp8Axis::kTensor) qs = quant_scale(amax[scale_index(axis, r, c)], largest);
+      if (axis != Fp8Axis::kTensor) qs = slice_qs(amax, given, scale_index(axis, r, c), largest);
       const uint8_t q = to_fp8(load_float(x, r * cols + c), qs, largest, format);
       tile[j][threadIdx.x] = q;
       if constexpr (kBoth) data_rows[r * cols + c] = q;
@@ -211,7 +217,7 @@ __global__ void cast_transposed_kernel(const T* __restrict__ x, int64_t rows, in
     const int64_t c = c0 + j, r = r0 + threadIdx.x;
     if (r < rows && c < cols) data[c * rows + r] = tile[threadIdx.x][j];
   }
-  write_scales(amax, scale, scale_count, largest);
+  if (given == nullptr) write_scales(amax, scale, scale_count, largest);
 }
 
 // The transposed cast of 16-byte packs: 64x64 tiles, 256 threads. Each thread loads whole packs
@@ -223,14 +229,14 @@ __global__ void cast_transposed_kernel(const T* __restrict__ x, int64_t rows, in
 template <class T, bool kBoth>
 __global__ void __launch_bounds__(256)
     cast_transposed_packs_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, Fp8Axis axis,
-                                 Fp8Format format, float largest, const uint32_t* __restrict__ amax,
+                                 Fp8Format format, float largest, const uint32_t* __restrict__ amax, const float* __restrict__ given,
                                  uint8_t* __restrict__ data, uint8_t* __restrict__ data_rows,
                                  float* __restrict__ scale, int64_t scale_count) {
   constexpr int E = Pack<T>::kElems;  // 8 (16-bit x) or 4 (float32 x)
   constexpr int kTile = 64;
   constexpr int kPacksPerRow = kTile / E;
   __shared__ uint8_t tile[kTile][kTile + 4];  // [row][column] of the tile, padded against conflicts
-  const float tensor_qs = quant_scale(amax[0], largest);
+  const float tensor_qs = slice_qs(amax, given, 0, largest);
   const int64_t r0 = int64_t(blockIdx.x) * kTile, c0 = int64_t(blockIdx.y) * kTile;
   for (int i = threadIdx.x; i < kTile * kPacksPerRow; i += blockDim.x) {
     const int lr = i / kPacksPerRow, lc = (i % kPacksPerRow) * E;
@@ -238,7 +244,7 @@ __global__ void __launch_bounds__(256)
     if (r < rows && c < cols) {  // cols % E == 0: the whole pack is inside
       float v[E];
       Pack<T>::load(x + r * cols + c, v);
-      const float row_qs = axis == Fp8Axis::kRow ? quant_scale(amax[r], largest) : tensor_qs;
+      const float row_qs = axis == Fp8Axis::kRow ? slice_qs(amax, given, r, largest) : tensor_qs;
       using Store = std::conditional_t<E == 8, uint2, uint32_t>;
       union {
         uint8_t bytes[E];
@@ -246,7 +252,7 @@ __global__ void __launch_bounds__(256)
       } out;
 #pragma unroll
       for (int e = 0; e < E; ++e) {
-        const float qs = axis == Fp8Axis::kColumn ? quant_scale(amax[c + e], largest) : row_qs;
+        const float qs = axis == Fp8Axis::kColumn ? slice_qs(amax, given, c + e, largest) : row_qs;
         out.bytes[e] = to_fp8(v[e], qs, largest, format);
         tile[lr][lc + e] = out.bytes[e];
       }
@@ -268,7 +274,7 @@ __global__ void __launch_bounds__(256)
       *reinterpret_cast<uint4*>(data + c * rows + r) = out.word;
     }
   }
-  write_scales(amax, scale, scale_count, largest);
+  if (given == nullptr) write_scales(amax, scale, scale_count, largest);
 }
 
 template <class T, bool kVec>
@@ -279,9 +285,13 @@ cudaError_t run(const Fp8QuantizeParams& p, cudaStream_t stream) {
   const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   const float largest = p.format == Fp8Format::kE4M3 ? 448.0f : 57344.0f;
   auto* data = static_cast<uint8_t*>(p.data);
-  cudaError_t err = cudaMemsetAsync(p.amax, 0, sizeof(uint32_t) * std::max<int64_t>(count, 1), stream);
-  if (err != cudaSuccess) return err;
-  if (n > 0) {
+  const float* given = p.given_scale;
+  cudaError_t err = cudaSuccess;
+  if (given == nullptr) {
+    err = cudaMemsetAsync(p.amax, 0, sizeof(uint32_t) * std::max<int64_t>(count, 1), stream);
+    if (err != cudaSuccess) return err;
+  }
+  if (n > 0 && given == nullptr) {
     if (p.axis == Fp8Axis::kRow) {
       const int threads = p.cols >= 1024 ? 512 : 128;
       const int64_t blocks = std::min<int64_t>(p.rows, int64_t(sms) * 16);
@@ -309,10 +319,10 @@ cudaError_t run(const Fp8QuantizeParams& p, cudaStream_t stream) {
       if (grid.y > 65535) return cudaErrorInvalidConfiguration;  // more than 4,194,240 columns
       if (rows_out != nullptr) {
         cast_transposed_packs_kernel<T, true><<<grid, 256, 0, stream>>>(
-            x, p.rows, p.cols, p.axis, p.format, largest, p.amax, data, rows_out, p.scale, count);
+            x, p.rows, p.cols, p.axis, p.format, largest, p.amax, given, data, rows_out, p.scale, count);
       } else {
         cast_transposed_packs_kernel<T, false><<<grid, 256, 0, stream>>>(
-            x, p.rows, p.cols, p.axis, p.format, largest, p.amax, data, nullptr, p.scale, count);
+            x, p.rows, p.cols, p.axis, p.format, largest, p.amax, given, data, nullptr, p.scale, count);
       }
       return cudaGetLastError();
     }
@@ -320,16 +330,16 @@ cudaError_t run(const Fp8QuantizeParams& p, cudaStream_t stream) {
     if (grid.y > 65535) return cudaErrorInvalidConfiguration;  // more than 2,097,120 columns
     if (rows_out != nullptr) {
       cast_transposed_kernel<T, true><<<grid, dim3(32, 8), 0, stream>>>(
-          x, p.rows, p.cols, p.axis, p.format, largest, p.amax, data, rows_out, p.scale, count);
+          x, p.rows, p.cols, p.axis, p.format, largest, p.amax, given, data, rows_out, p.scale, count);
     } else {
       cast_transposed_kernel<T, false><<<grid, dim3(32, 8), 0, stream>>>(
-          x, p.rows, p.cols, p.axis, p.format, largest, p.amax, data, nullptr, p.scale, count);
+          x, p.rows, p.cols, p.axis, p.format, largest, p.amax, given, data, nullptr, p.scale, count);
     }
   } else {
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(std::max(p.rows, (count + 255) / 256),
                                                                   int64_t(sms) * 16));
     cast_kernel<T, kVec><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, p.rows, p.cols, p.axis, p.format,
-                                                                     largest, p.amax, data, p.scale, count);
+                                                                     largest, p.amax, given, data, p.scale, count);
   }
   return cudaGetLastError();
 }

@@ -45,6 +45,9 @@ struct Fp8QuantizeParams {
   void* data_rows = nullptr;
   float* scale = nullptr;   // fp8_scale_count() float32 outputs
   uint32_t* amax = nullptr;  // fp8_scale_count() words of workspace
+  // A cast with known dequantization scales instead (fp8_scale_count() of them for the axis):
+  // qs = 1 / given_scale[j] rounded to float32, no maximum pass; `scale` and `amax` unused.
+  const float* given_scale = nullptr;
   int multiprocessors = 0;
 };
 
