@@ -43,7 +43,7 @@ TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
                          "gated_act", "gated_act_backward", "gated_act_backward_",
                          "gated_mlp", "cross_entropy_rows_", "rotary_embedding",
                          "rotary_embedding_backward", "fp8_scaled_mm", "fp8_quantize",
-                         "fp8_quantize_both"}) {
+                         "fp8_quantize_both", "fp8_cast"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&no_cuda_kernels>());
   }
 }
