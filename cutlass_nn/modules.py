@@ -66,7 +66,7 @@ def _check_precision(where: str, precision, recipe) -> Fp8Recipe | None:
 
 #: The torch form of every activation the layers name: CutlassLinear's activation after an FP8
 #: GEMM (no fused FP8 epilogue yet), and GatedMLP's gated activation when it cannot run the fused
-#: operator (see GatedMLP._fusable).
+#: operator (see GatedMLP._plain_projections).
 _TORCH_ACTS = {
     "relu": nn.functional.relu,
     "silu": nn.functional.silu,
@@ -495,10 +495,10 @@ class GatedMLP(nn.Module):
         device, dtype: factory arguments for the parameters.
         precision, fp8_recipe: None, or ``"fp8"`` with an optional
             :class:`cutlass_nn.fp8.Fp8Recipe`: the three projections are FP8 ``CutlassLinear``
-            layers (``precision="fp8"``), which the forward calls one by one (each quantizes
-            its own operands, so the result is exactly that of the three layers; a fused FP8
-            form with gate and up as one GEMM would quantize them together and is not made);
-            the ``state_dict`` is unchanged.
+            layers (``precision="fp8"``) and the forward is :func:`cutlass_nn.fp8.gated_mlp`
+            (gate and up as one FP8 GEMM, the input quantized once for both; tensorwise, one
+            scale for the gate and up weights together; the activation and product in float,
+            rounded once); the ``state_dict`` is unchanged.
 
     Shape:
         input ``[*, hidden_size]`` (empty batches allowed) -> output ``[*, hidden_size]``.
@@ -542,15 +542,17 @@ class GatedMLP(nn.Module):
         if gate.bias is not None and up.bias is not None:
             _pack_adjacent(gate.bias, up.bias)
 
-    def _fusable(self) -> bool:
-        """Whether the fused operator computes what calling the three projections would: plain
-        CutlassLinear layers in their dtype (not FP8: the operator's GEMMs are not), without
-        hooks."""
+    def _plain_projections(self, precision) -> bool:
+        """Whether the three projections are plain CutlassLinear layers of this precision (one
+        FP8 recipe for all three), without activation or hooks: then a fused form computes what
+        calling them would (up to its documented roundings)."""
+        recipes = set()
         for layer in (self.gate_proj, self.up_proj, self.down_proj):
             if type(layer) is not CutlassLinear or layer.activation is not None:
                 return False
-            if layer.precision is not None:
+            if layer.precision != precision:
                 return False
+            recipes.add(layer.fp8_recipe)
             if (
                 layer._forward_hooks
                 or layer._forward_pre_hooks
@@ -558,22 +560,18 @@ class GatedMLP(nn.Module):
                 or layer._backward_pre_hooks
             ):
                 return False
-        return True
+        return len(recipes) == 1
 
     def forward(self, input: Tensor) -> Tensor:
         gate, up, down = self.gate_proj, self.up_proj, self.down_proj
-        if not self._fusable():
+        if self._plain_projections(None):
+            fused = _gated_mlp
+        elif self._plain_projections("fp8"):
+            fused = functools.partial(_fp8.gated_mlp, recipe=gate.fp8_recipe)
+        else:
             return down(_TORCH_ACTS[self.activation](gate(input)) * up(input))
-        return _gated_mlp(
-            input,
-            gate.weight,
-            up.weight,
-            down.weight,
-            gate.bias,
-            up.bias,
-            down.bias,
-            self.activation,
-        )
+        return fused(input, gate.weight, up.weight, down.weight, gate.bias, up.bias, down.bias,
+                     self.activation)
 
     def _apply(self, fn, recurse=True):
         # .to() / .cuda() / .half() / to_empty() convert each Parameter on its own, into

@@ -118,3 +118,69 @@ def test_no_host_synchronization():
         layer(x).sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+# ---------------------------------------------------------------------------------------------
+# GatedMLP(precision="fp8"): cutlass_nn.fp8.gated_mlp on the kernels
+# ---------------------------------------------------------------------------------------------
+
+
+def rel(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("recipe", [Fp8Recipe("tensorwise"), Fp8Recipe("rowwise", "e5m2")],
+                         ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("tokens", [512, 77])
+def test_gated_mlp_matches_reference(recipe, bias, tokens):
+    """Against the reference's arithmetic (gate+up as one FP8 linear, cutlass_nn.ops.gated_act,
+    the down FP8 linear, float32 matmuls): the two sides round their GEMM outputs differently, so
+    a hidden element may land on a neighbouring e4m3 value; compared by relative norm."""
+    from cutlass_nn.fp8_reference import Fp8LinearReference as Ref
+
+    torch.manual_seed(11)
+    mlp = cutlass_nn.GatedMLP(512, 1024, bias=bias, device="cuda", dtype=torch.bfloat16,
+                              precision="fp8", fp8_recipe=recipe)
+    x = torch.randn(tokens, 512, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(tokens, 512, device="cuda", dtype=torch.bfloat16)
+    y, dx = run(mlp, x, g)
+    got = {n: p.grad for n, p in mlp.named_parameters()}
+    params = {n: p.detach().clone().requires_grad_() for n, p in mlp.named_parameters()}
+
+    def reference(t):
+        b = params.get("gate_proj.bias")
+        gate_up = Ref.apply(t, torch.cat((params["gate_proj.weight"], params["up_proj.weight"])),
+                            None if b is None else torch.cat((b, params["up_proj.bias"])), recipe)
+        hidden = cutlass_nn.ops.gated_act(gate_up, "silu")
+        return Ref.apply(hidden, params["down_proj.weight"], params.get("down_proj.bias"), recipe)
+
+    y_ref, dx_ref = run(reference, x, g)
+    assert rel(y, y_ref) < 1e-2 and rel(dx, dx_ref) < 2e-2, (rel(y, y_ref), rel(dx, dx_ref))
+    for n, p in params.items():
+        assert rel(got[n], p.grad) < 2e-2, (n, rel(got[n], p.grad))
+    # and near the bfloat16 module (FP8's own error, a few percent)
+    bf16 = cutlass_nn.GatedMLP(512, 1024, bias=bias, device="cuda", dtype=torch.bfloat16)
+    bf16.load_state_dict(mlp.state_dict())
+    y_bf16, _ = run(bf16, x, g)
+    assert rel(y, y_bf16) < 0.08, rel(y, y_bf16)
+
+
+def test_gated_mlp_kernels_run_without_copies_or_syncs():
+    """Six FP8 GEMMs per step (gate+up and down, forward, dgrad and wgrad each), the packed
+    gate and up weights read in place, no host synchronization."""
+    mlp = cutlass_nn.GatedMLP(1024, 2048, device="cuda", dtype=torch.bfloat16, precision="fp8")
+    x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    mlp(x).float().sum().backward()  # warm-up
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            mlp(x).float().sum().backward()
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    events = prof.events()
+    cuda = [e.name for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len([n for n in cuda if "float_e4m3" in n or "float_e5m2" in n]) >= 6, cuda[:30]
+    assert "aten::cat" not in [e.name for e in events]

@@ -8,6 +8,7 @@ changes."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -189,11 +190,26 @@ def test_nonfinite_input_gives_nan_not_garbage():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("recipe", [Fp8Recipe("tensorwise"), Fp8Recipe("rowwise", "e5m2")], ids=str)
+def _gated_reference(params, x, recipe, activation="silu"):
+    """fp8.gated_mlp's arithmetic from the reference's FP8 linear: gate and up as one FP8 layer
+    over the concatenated weight (one quantization of x; tensorwise, one weight scale), the
+    gated activation of cutlass_nn.ops, the down projection an FP8 layer."""
+    bias = params.get("gate_proj.bias")
+    gate_up_bias = None if bias is None else torch.cat((bias, params["up_proj.bias"]))
+    gate_up = Fp8LinearReference.apply(
+        x, torch.cat((params["gate_proj.weight"], params["up_proj.weight"])), gate_up_bias, recipe
+    )
+    hidden = cutlass_nn.ops.gated_act(gate_up, activation)
+    return Fp8LinearReference.apply(hidden, params["down_proj.weight"],
+                                    params.get("down_proj.bias"), recipe)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=str)
 @pytest.mark.parametrize("bias", [False, True])
-def test_gated_mlp_fp8_is_its_three_fp8_projections(recipe, bias):
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_gated_mlp_fp8_equals_its_reference(recipe, bias, activation):
     torch.manual_seed(3)
-    mlp = cutlass_nn.GatedMLP(32, 48, activation="silu", bias=bias, dtype=torch.bfloat16,
+    mlp = cutlass_nn.GatedMLP(32, 48, activation=activation, bias=bias, dtype=torch.bfloat16,
                               precision="fp8", fp8_recipe=recipe)
     assert "precision='fp8'" in repr(mlp)
     assert all(m.precision == "fp8" and m.fp8_recipe == recipe
@@ -202,19 +218,106 @@ def test_gated_mlp_fp8_is_its_three_fp8_projections(recipe, bias):
     g = torch.randn(2, 5, 32, dtype=torch.bfloat16)
     y = mlp(x)
     y.backward(g)
-    # each projection the reference's FP8 linear, the gate's activation in torch
     params = {n: p.detach().clone().requires_grad_() for n, p in mlp.named_parameters()}
     x2 = x.detach().clone().requires_grad_()
-
-    def proj(name, t):
-        return Fp8LinearReference.apply(t, params[f"{name}.weight"], params.get(f"{name}.bias"),
-                                        recipe)
-
-    y2 = proj("down_proj", torch.nn.functional.silu(proj("gate_proj", x2)) * proj("up_proj", x2))
+    y2 = _gated_reference(params, x2, recipe, activation)
     y2.backward(g)
     assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad)
     for n, p in mlp.named_parameters():
-        assert torch.equal(p.grad, params[n].grad), n
+        assert p.grad.dtype == p.dtype and torch.equal(p.grad, params[n].grad), n
+
+
+def test_gated_mlp_fp8_runs_one_gate_up_gemm_and_quantizes_the_input_once():
+    """Forward: two FP8 GEMMs (gate+up, down), four quantizations (x, [gate; up], hidden,
+    down); no copy of the packed gate and up weights."""
+    mlp = cutlass_nn.GatedMLP(32, 48, dtype=torch.bfloat16, precision="fp8")
+    x = torch.randn(7, 32, dtype=torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        mlp(x)
+    names = [e.name for e in prof.events()]
+    assert names.count("cutlass_nn::fp8_scaled_mm") == 2
+    assert names.count("cutlass_nn::fp8_quantize") == 4
+    assert "aten::cat" not in names
+
+
+@pytest.mark.parametrize("recipe", [Fp8Recipe("tensorwise"), Fp8Recipe("rowwise")], ids=str)
+def test_gated_mlp_fp8_close_to_three_fp8_projections(recipe):
+    """The fused form differs from three FP8 layers only by its documented roundings (one scale
+    for gate and up tensorwise, the activation and product rounded once)."""
+    torch.manual_seed(5)
+    mlp = cutlass_nn.GatedMLP(64, 96, dtype=torch.bfloat16, precision="fp8", fp8_recipe=recipe)
+    x = torch.randn(40, 64, dtype=torch.bfloat16)
+    fused = mlp(x).float()
+    three = mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x)).float()
+    err = (fused - three).norm() / three.norm()
+    assert err < 0.05, err.item()
+
+
+@pytest.mark.parametrize("needs", [(True, False), (False, True)])
+def test_gated_mlp_fp8_only_the_needed_gradients(needs):
+    mlp = cutlass_nn.GatedMLP(32, 48, bias=True, dtype=torch.bfloat16, precision="fp8")
+    need_x, need_w = needs
+    for p in mlp.parameters():
+        p.requires_grad_(need_w)
+    x = torch.randn(6, 32, dtype=torch.bfloat16, requires_grad=need_x)
+    mlp(x).float().sum().backward()
+    assert (x.grad is not None) == need_x
+    assert all((p.grad is not None) == need_w for p in mlp.parameters())
+
+
+def test_gated_mlp_fp8_down_weight_only():
+    """Only the down projection trains: the gate+up side of the backward is skipped."""
+    mlp = cutlass_nn.GatedMLP(32, 48, dtype=torch.bfloat16, precision="fp8")
+    mlp.gate_proj.weight.requires_grad_(False)
+    mlp.up_proj.weight.requires_grad_(False)
+    x = torch.randn(6, 32, dtype=torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        mlp(x).float().sum().backward()
+    assert mlp.down_proj.weight.grad is not None and mlp.gate_proj.weight.grad is None
+    names = [e.name for e in prof.events()]
+    assert "cutlass_nn::gated_act_backward" not in names
+
+
+def test_gated_mlp_fp8_weights_not_adjacent_still_right():
+    torch.manual_seed(2)
+    mlp = cutlass_nn.GatedMLP(32, 48, dtype=torch.bfloat16, precision="fp8")
+    want = mlp(torch.ones(3, 32, dtype=torch.bfloat16))
+    mlp.up_proj.weight.data = mlp.up_proj.weight.data.clone()  # separate storage
+    assert torch.equal(mlp(torch.ones(3, 32, dtype=torch.bfloat16)), want)
+
+
+def test_gated_mlp_fp8_autocast_and_compile():
+    torch.manual_seed(4)
+    mlp = cutlass_nn.GatedMLP(32, 48, precision="fp8")  # float32 parameters
+    x = torch.randn(8, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = mlp(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and mlp.gate_proj.weight.grad.dtype == torch.float32
+    eager = mlp(x.detach())
+    compiled = torch.compile(mlp, fullgraph=True)(x.detach())
+    assert torch.equal(eager, compiled)
+
+
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        (dict(up_weight=torch.zeros(40, 32)), ValueError, "'up_weight' must have the shape"),
+        (dict(down_weight=torch.zeros(32, 40)), ValueError, "'down_weight' must be [out_features, 48]"),
+        (dict(gate_bias=torch.zeros(48)), ValueError, "'gate_bias' and 'up_bias' must both"),
+        (dict(down_bias=torch.zeros(7)), ValueError, "'down_bias' must be None or a tensor of shape [32]"),
+        (dict(activation="tanh"), ValueError, "'activation' must be one of"),
+        (dict(up_weight=torch.zeros(48, 32, dtype=torch.float64)), TypeError, "'up_weight' must be a torch.float32"),
+        (dict(input=torch.zeros(3, 31)), ValueError, "'input' must have a last dimension of 32"),
+    ],
+)
+def test_gated_mlp_fp8_errors(args, error, message):
+    kwargs = dict(input=torch.zeros(3, 32), gate_weight=torch.zeros(48, 32),
+                  up_weight=torch.zeros(48, 32), down_weight=torch.zeros(32, 48))
+    kwargs.update(args)
+    with pytest.raises(error, match=re.escape(message)):
+        fp8.gated_mlp(**kwargs)
 
 
 def test_gated_mlp_with_mixed_precisions_calls_the_projections():
