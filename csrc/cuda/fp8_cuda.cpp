@@ -199,6 +199,9 @@ at::Tensor fp8_cast_cuda(const at::Tensor& x_in, const at::Tensor& scale_in,
   at::Tensor data = empty_output(transpose ? c10::IntArrayRef{cols, rows}
                                            : c10::IntArrayRef{rows, cols},
                                  x.options().dtype(fp8));
+  // Nothing to cast; and an empty per-row scale has no storage, so the kernels (which take a
+  // null given_scale for "compute the maximum first") must not see it.
+  if (x.numel() == 0) return data;
   kernels::Fp8QuantizeParams p;
   p.x = x.data_ptr();
   p.dtype_x = kernel_dtype(x.scalar_type());
