@@ -30,7 +30,7 @@ from torch.autograd.function import once_differentiable
 from cutlass_nn import ops
 from cutlass_nn.fp8_reference import Fp8Recipe
 
-__all__ = ["Fp8Recipe", "MIN_FEATURES", "eligible", "gated_mlp", "linear"]
+__all__ = ["Fp8Recipe", "MIN_FEATURES", "eligible", "gated_mlp", "linear", "reuse_quantized_inputs"]
 
 #: The smallest in_features and out_features a layer converts to FP8 with: below it the GEMM
 #: gains too little over bf16 to pay for quantizing its operands on every step (see
@@ -53,13 +53,66 @@ def _transposed_scale(scale: Tensor) -> Tensor:
     return scale.t() if scale.dim() == 2 else scale
 
 
+class _LastQuantization:
+    """The last quantization of an activation (see :func:`_reused`): one entry for the process,
+    so that the forward's first quantization releases what the previous backward (which runs
+    on autograd's device threads) left there."""
+
+    enabled = True
+    entry = None  # (key, source tensor, result)
+
+
+def reuse_quantized_inputs(enabled: bool) -> bool:
+    """Turn on (the default) or off the reuse of an activation's FP8 quantization by
+    consecutive FP8 layers that read the same tensor (a Llama attention's ``q_proj``,
+    ``k_proj`` and ``v_proj``; an unfused gated MLP's ``gate_proj`` and ``up_proj``): the
+    forward quantizes it once and the backward casts its transpose once, instead of once per
+    layer. Returns the previous setting. The reuse is exact (the same data gives the same FP8
+    data and scale). It is keyed on the tensor's storage address, shape, strides, dtype, version
+    counter and the current CUDA stream, and the entry holds the tensor until the next
+    quantization replaces it (so its memory cannot be reused under the key, and at most one
+    activation and its FP8 copy are kept a little longer than otherwise). In-place changes
+    through autograd-visible operations bump the version and are seen; changes made behind the
+    version counter (writes through ``.data``) are not, which is the reason for the switch."""
+    previous = _LastQuantization.enabled
+    _LastQuantization.enabled = bool(enabled)
+    _LastQuantization.entry = None
+    return previous
+
+
+def _reused(kind: tuple, t: Tensor, compute):
+    """``compute()``, or the result of the same computation on the same tensor if that was the
+    last one made: ``kind`` names the computation (with the identity of any scale it used),
+    ``t`` its input (see :func:`reuse_quantized_inputs` for the key). Not while tracing, nor
+    while capturing a CUDA graph (an entry made outside a capture would keep the graph from
+    recording the kernel it stands for)."""
+    if (
+        not _LastQuantization.enabled
+        or torch.compiler.is_compiling()
+        or type(t) not in (Tensor, torch.nn.Parameter)
+    ):
+        return compute()
+    stream = None
+    if t.is_cuda:
+        if torch.cuda.is_current_stream_capturing():
+            return compute()
+        stream = torch.cuda.current_stream(t.device).cuda_stream
+    key = (kind, t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version, stream)
+    entry = _LastQuantization.entry
+    if entry is not None and entry[0] == key:
+        return entry[2]
+    result = compute()
+    _LastQuantization.entry = (key, t, result)
+    return result
+
+
 def _forward_gemm(x2: Tensor, weight: Tensor, bias, scaling: str, out_dtype) -> tuple:
     """``x2 @ weight^T (+ bias)`` on freshly quantized e4m3 operands (per row of ``x2`` and per
     output channel of the weight for rowwise, one scale each for tensorwise): ``(y, scales)``
     with ``scales`` what the backward casts ``x2`` and the weight with again (tensorwise: the two
     one-element scales; rowwise: nothing, its backward scales along other axes)."""
     axis = "row" if scaling == "rowwise" else "tensor"
-    xq, xs = ops.fp8_quantize(x2, "e4m3", axis)
+    xq, xs = _reused(("x", axis), x2, lambda: ops.fp8_quantize(x2, "e4m3", axis))
     wq, ws = ops.fp8_quantize(weight, "e4m3", axis)  # [N, K], scales [N, 1] or one
     b = None if bias is None else bias.to(out_dtype)
     y = ops.fp8_scaled_mm(xq, wq.t(), xs, _transposed_scale(ws), b, out_dtype)
@@ -101,9 +154,11 @@ def _dgrad(grad: tuple, weight: Tensor, weight_scale, out_dtype) -> Tensor:
 
 def _wgrad(grad_t: tuple, x2: Tensor, x_scale, out_dtype) -> Tensor:
     """``dW = dY^T X``: A = ``dY^T`` [N, T] from :func:`_grad_operands`, B = X column-major
-    (``X^T`` [K, T] quantized by rows, transposed back)."""
+    (``X^T`` [K, T] quantized by rows, transposed back; layers that read the same input share
+    it, :func:`_reused`)."""
     gt, gts = grad_t
-    xt, xts = _transposed_operand(x2, x_scale)
+    kind = ("x^T", id(x_scale))  # the scale is held by the entry's result: its id stays unique
+    xt, xts = _reused(kind, x2, lambda: _transposed_operand(x2, x_scale))
     return ops.fp8_scaled_mm(gt, xt.t(), gts, _transposed_scale(xts), None, out_dtype)
 
 

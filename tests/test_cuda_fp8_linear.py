@@ -184,3 +184,46 @@ def test_gated_mlp_kernels_run_without_copies_or_syncs():
     cuda = [e.name for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len([n for n in cuda if "float_e4m3" in n or "float_e5m2" in n]) >= 6, cuda[:30]
     assert "aten::cat" not in [e.name for e in events]
+
+
+def test_input_reuse_equal_to_no_reuse_and_safe_in_cuda_graphs():
+    """Layers reading one input share its quantization (fp8.reuse_quantized_inputs): the same
+    results as without; a CUDA graph captured after eager calls on the same static input still
+    records the quantization (replays see new input values)."""
+    from cutlass_nn import fp8
+
+    torch.manual_seed(8)
+    layers = [cutlass_nn.CutlassLinear(1024, n, bias=False, device="cuda", dtype=torch.bfloat16,
+                                       precision="fp8") for n in (1024, 256, 256)]
+    x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        for m in layers:
+            m.zero_grad(set_to_none=True)
+        xr = x.detach().clone().requires_grad_()
+        ys = [m(xr) for m in layers]
+        torch.autograd.backward(ys, [g[:, : y.shape[1]] for y in ys])
+        return [y.detach() for y in ys] + [xr.grad] + [m.weight.grad for m in layers]
+
+    previous = fp8.reuse_quantized_inputs(False)
+    try:
+        want = step()
+    finally:
+        fp8.reuse_quantized_inputs(previous)
+    for a, b in zip(step(), want):
+        assert torch.equal(a, b)
+
+    static = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(2):  # eager calls on the static input fill the reuse entry
+            [m(static) for m in layers]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [m(static) for m in layers]
+        static.copy_(torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        fresh = [m(static.clone()) for m in layers]
+    for a, b in zip(outs, fresh):
+        assert torch.equal(a, b)

@@ -340,3 +340,74 @@ def test_convert_fuse_mlp_with_fp8():
     x = torch.randn(4, 1024)
     model(x).sum().backward()
     assert model[0].gate_proj.weight.grad is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reuse of an input's quantization by consecutive FP8 layers
+# ---------------------------------------------------------------------------------------------
+
+
+def _qkv_step(layers, x, g):
+    """Three FP8 layers reading one input (an attention's q / k / v projections): outputs and
+    every gradient, plus the profiled counts of the quantization operators."""
+    for m in layers:
+        m.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ys = [m(x) for m in layers]
+        torch.autograd.backward(ys, [g[..., : y.shape[-1]] for y in ys])
+    names = [e.name for e in prof.events()]
+    counts = {op: names.count(f"cutlass_nn::{op}") for op in ("fp8_quantize", "fp8_cast")}
+    return ys, x.grad, [m.weight.grad for m in layers], counts
+
+
+@pytest.mark.parametrize("recipe", [Fp8Recipe("tensorwise"), Fp8Recipe("rowwise")], ids=str)
+def test_layers_reading_one_input_quantize_it_once(recipe):
+    torch.manual_seed(6)
+    layers = [cutlass_nn.CutlassLinear(32, n, bias=False, dtype=torch.bfloat16, precision="fp8",
+                                       fp8_recipe=recipe) for n in (48, 16, 16)]
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    g = torch.randn(2, 5, 48, dtype=torch.bfloat16)
+    previous = fp8.reuse_quantized_inputs(False)
+    try:
+        want = _qkv_step(layers, x, g)
+    finally:
+        fp8.reuse_quantized_inputs(previous)
+    got = _qkv_step(layers, x, g)
+    for a, b in zip(got[0], want[0]):
+        assert torch.equal(a, b)
+    assert torch.equal(got[1], want[1])
+    for a, b in zip(got[2], want[2]):
+        assert torch.equal(a, b)
+    if recipe.scaling == "tensorwise":
+        # forward: x once + 3 weights (not 6); backward: x^T cast once + 3 weights^T (not 6)
+        assert want[3] == {"fp8_quantize": 6, "fp8_cast": 6}
+        assert got[3] == {"fp8_quantize": 4, "fp8_cast": 4}
+    else:
+        # rowwise: forward x + 3 weights; backward: 3 dY per row, 3 dY per column, 3 weights per
+        # column, x per column once (not 3)
+        assert want[3]["fp8_quantize"] - got[3]["fp8_quantize"] == 4
+
+
+def test_reuse_sees_in_place_changes_and_other_views():
+    torch.manual_seed(7)
+    a = cutlass_nn.CutlassLinear(32, 16, bias=False, dtype=torch.bfloat16, precision="fp8")
+    b = cutlass_nn.CutlassLinear(32, 16, bias=False, dtype=torch.bfloat16, precision="fp8")
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(8, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        first = a(x)
+        x.mul_(4)  # bumps the version: b must quantize the new values
+        assert torch.equal(b(x), a(x.clone())) and not torch.equal(b(x), first)
+        # another view of the same storage (other shape): quantized on its own
+        flat = x.view(4, 64)
+        c = cutlass_nn.CutlassLinear(64, 16, bias=False, dtype=torch.bfloat16, precision="fp8")
+        assert torch.equal(c(flat), c(flat.clone()))
+
+
+def test_reuse_switch_returns_the_previous_setting():
+    assert fp8.reuse_quantized_inputs(False) is True
+    try:
+        assert fp8.reuse_quantized_inputs(False) is False
+    finally:
+        fp8.reuse_quantized_inputs(True)
