@@ -80,12 +80,14 @@ def reuse_quantized_inputs(enabled: bool) -> bool:
     return previous
 
 
-def _reused(kind: tuple, t: Tensor, compute):
+def _reused(kind: str, t: Tensor, compute, scale=None):
     """``compute()``, or the result of the same computation on the same tensor if that was the
-    last one made: ``kind`` names the computation (with the identity of any scale it used),
-    ``t`` its input (see :func:`reuse_quantized_inputs` for the key). Not while tracing, nor
-    while capturing a CUDA graph (an entry made outside a capture would keep the graph from
-    recording the kernel it stands for)."""
+    last one made: ``kind`` names the computation, ``scale`` any scale tensor it uses (its
+    identity is part of the key: the entry's result holds it, so the identity stays unique),
+    ``t`` its input (see :func:`reuse_quantized_inputs` for the rest of the key). Not while
+    tracing (nothing here is traceable: identities, version counters), nor while capturing a
+    CUDA graph (an entry made outside a capture would keep the graph from recording the kernel
+    it stands for)."""
     if (
         not _LastQuantization.enabled
         or torch.compiler.is_compiling()
@@ -97,7 +99,8 @@ def _reused(kind: tuple, t: Tensor, compute):
         if torch.cuda.is_current_stream_capturing():
             return compute()
         stream = torch.cuda.current_stream(t.device).cuda_stream
-    key = (kind, t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version, stream)
+    key = (kind, id(scale), t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version,
+           stream)
     entry = _LastQuantization.entry
     if entry is not None and entry[0] == key:
         return entry[2]
@@ -106,13 +109,17 @@ def _reused(kind: tuple, t: Tensor, compute):
     return result
 
 
-def _forward_gemm(x2: Tensor, weight: Tensor, bias, scaling: str, out_dtype) -> tuple:
+def _forward_gemm(x2: Tensor, weight: Tensor, bias, scaling: str, out_dtype,
+                  shared: bool = True) -> tuple:
     """``x2 @ weight^T (+ bias)`` on freshly quantized e4m3 operands (per row of ``x2`` and per
     output channel of the weight for rowwise, one scale each for tensorwise): ``(y, scales)``
     with ``scales`` what the backward casts ``x2`` and the weight with again (tensorwise: the two
-    one-element scales; rowwise: nothing, its backward scales along other axes)."""
+    one-element scales; rowwise: nothing, its backward scales along other axes). ``shared``:
+    ``x2`` may be the input of the next FP8 layer too (:func:`_reused`); False for an input no
+    other layer reads, which the reuse entry would otherwise keep alive."""
     axis = "row" if scaling == "rowwise" else "tensor"
-    xq, xs = _reused(("x", axis), x2, lambda: ops.fp8_quantize(x2, "e4m3", axis))
+    quantize = lambda: ops.fp8_quantize(x2, "e4m3", axis)  # noqa: E731
+    xq, xs = _reused(f"x {axis}", x2, quantize) if shared else quantize()
     wq, ws = ops.fp8_quantize(weight, "e4m3", axis)  # [N, K], scales [N, 1] or one
     b = None if bias is None else bias.to(out_dtype)
     y = ops.fp8_scaled_mm(xq, wq.t(), xs, _transposed_scale(ws), b, out_dtype)
@@ -152,13 +159,13 @@ def _dgrad(grad: tuple, weight: Tensor, weight_scale, out_dtype) -> Tensor:
     return ops.fp8_scaled_mm(gq, wt.t(), gs, _transposed_scale(wts), None, out_dtype)
 
 
-def _wgrad(grad_t: tuple, x2: Tensor, x_scale, out_dtype) -> Tensor:
+def _wgrad(grad_t: tuple, x2: Tensor, x_scale, out_dtype, shared: bool = True) -> Tensor:
     """``dW = dY^T X``: A = ``dY^T`` [N, T] from :func:`_grad_operands`, B = X column-major
     (``X^T`` [K, T] quantized by rows, transposed back; layers that read the same input share
     it, :func:`_reused`)."""
     gt, gts = grad_t
-    kind = ("x^T", id(x_scale))  # the scale is held by the entry's result: its id stays unique
-    xt, xts = _reused(kind, x2, lambda: _transposed_operand(x2, x_scale))
+    cast = lambda: _transposed_operand(x2, x_scale)  # noqa: E731
+    xt, xts = _reused("x^T", x2, cast, x_scale) if shared else cast()
     return ops.fp8_scaled_mm(gt, xt.t(), gts, _transposed_scale(xts), None, out_dtype)
 
 
@@ -243,7 +250,8 @@ class _Fp8GatedMlp(torch.autograd.Function):
         gate_up, scales_gu = _forward_gemm(x2, _gate_up_weight(gate_w, up_w), gate_up_b,
                                            scaling, out_dtype)
         hidden = ops.gated_act(gate_up, activation)
-        y, scales_down = _forward_gemm(hidden, down_w, down_b, scaling, out_dtype)
+        # the hidden activation is not saved (the backward recomputes it): not kept for reuse
+        y, scales_down = _forward_gemm(hidden, down_w, down_b, scaling, out_dtype, shared=False)
         ctx.save_for_backward(x2, gate_w, up_w, down_w, gate_up, *scales_gu, *scales_down)
         ctx.activation, ctx.scaling, ctx.grad_format = activation, scaling, grad_format
         ctx.x_shape, ctx.x_dtype, ctx.out_dtype = x.shape, x.dtype, out_dtype
@@ -272,7 +280,7 @@ class _Fp8GatedMlp(torch.autograd.Function):
             hidden = ops.gated_act(gate_up, ctx.activation)
         del gate_up, grad
         if need[3]:
-            grads[3] = _wgrad(grad_t, hidden, hs, down_w.dtype)
+            grads[3] = _wgrad(grad_t, hidden, hs, down_w.dtype, shared=False)
         del hidden, grad_t
         if ctx.bias_dtypes[2] is not None and need[6]:
             grads[6] = g2.float().sum(0).to(ctx.bias_dtypes[2])

@@ -411,3 +411,14 @@ def test_reuse_switch_returns_the_previous_setting():
         assert fp8.reuse_quantized_inputs(False) is False
     finally:
         fp8.reuse_quantized_inputs(True)
+
+
+def test_gated_mlp_keeps_no_hidden_activation_for_reuse():
+    """The MLP's hidden activation is recomputed by its backward, not saved: the reuse entry
+    must not keep it alive either (after the forward it holds the MLP's input)."""
+    mlp = cutlass_nn.GatedMLP(32, 48, dtype=torch.bfloat16, precision="fp8")
+    x = torch.randn(6, 32, dtype=torch.bfloat16, requires_grad=True)
+    y = mlp(x)
+    source = fp8._LastQuantization.entry[1]
+    assert source.data_ptr() == x.data_ptr() and source.shape[-1] == 32
+    y.float().sum().backward()
