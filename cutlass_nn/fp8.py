@@ -110,11 +110,12 @@ def _reused(kind: str, t: Tensor, compute, scale=None):
 
 
 def _forward_gemm(x2: Tensor, weight: Tensor, bias, scaling: str, out_dtype,
-                  shared: bool = True) -> tuple:
+                  fast_accum: bool = False, shared: bool = True) -> tuple:
     """``x2 @ weight^T (+ bias)`` on freshly quantized e4m3 operands (per row of ``x2`` and per
     output channel of the weight for rowwise, one scale each for tensorwise): ``(y, scales)``
     with ``scales`` what the backward casts ``x2`` and the weight with again (tensorwise: the two
-    one-element scales; rowwise: nothing, its backward scales along other axes). ``shared``:
+    one-element scales; rowwise: nothing, its backward scales along other axes). ``fast_accum``:
+    :attr:`Fp8Recipe.fast_accum_forward`. ``shared``:
     ``x2`` may be the input of the next FP8 layer too (:func:`_reused`); False for an input no
     other layer reads, which the reuse entry would otherwise keep alive."""
     axis = "row" if scaling == "rowwise" else "tensor"
@@ -122,7 +123,7 @@ def _forward_gemm(x2: Tensor, weight: Tensor, bias, scaling: str, out_dtype,
     xq, xs = _reused(f"x {axis}", x2, quantize) if shared else quantize()
     wq, ws = ops.fp8_quantize(weight, "e4m3", axis)  # [N, K], scales [N, 1] or one
     b = None if bias is None else bias.to(out_dtype)
-    y = ops.fp8_scaled_mm(xq, wq.t(), xs, _transposed_scale(ws), b, out_dtype)
+    y = ops.fp8_scaled_mm(xq, wq.t(), xs, _transposed_scale(ws), b, out_dtype, fast_accum)
     return y, (() if scaling == "rowwise" else (xs, ws))
 
 
@@ -170,7 +171,7 @@ def _wgrad(grad_t: tuple, x2: Tensor, x_scale, out_dtype, shared: bool = True) -
 
 
 class _Fp8Linear(torch.autograd.Function):
-    """``apply(x, weight, bias, scaling, grad_format, out_dtype)``: first order only (the
+    """``apply(x, weight, bias, scaling, grad_format, fast_accum, out_dtype)``: first order only (the
     quantization has no useful derivative to differentiate again).
 
     Every GEMM operand comes out of :func:`cutlass_nn.ops.fp8_quantize` in the layout the FP8
@@ -181,10 +182,10 @@ class _Fp8Linear(torch.autograd.Function):
     as ``nn.Linear`` keeps them (plus two one-element scales)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, scaling, grad_format, out_dtype):
+    def forward(ctx, x, weight, bias, scaling, grad_format, fast_accum, out_dtype):
         n, k = weight.shape
         x2 = x.reshape(-1, k)
-        y, scales = _forward_gemm(x2, weight, bias, scaling, out_dtype)
+        y, scales = _forward_gemm(x2, weight, bias, scaling, out_dtype, fast_accum)
         ctx.save_for_backward(x2, weight, *scales)
         ctx.scaling, ctx.grad_format = scaling, grad_format
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
@@ -207,7 +208,7 @@ class _Fp8Linear(torch.autograd.Function):
             dw = _wgrad(grad_t, x2, xs, ctx.weight_dtype)
         if need_b and ctx.bias_dtype is not None:
             db = g2.float().sum(0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 def _gate_up_weight(gate: Tensor, up: Tensor) -> Tensor:
@@ -232,7 +233,7 @@ def _gate_up_weight(gate: Tensor, up: Tensor) -> Tensor:
 
 class _Fp8GatedMlp(torch.autograd.Function):
     """``apply(x, gate_w, up_w, down_w, gate_b, up_b, down_b, activation, scaling, grad_format,
-    out_dtype)``: ``down(act(gate(x)) * up(x))`` with the gate and up projections as one FP8
+    fast_accum, out_dtype)``: ``down(act(gate(x)) * up(x))`` with the gate and up projections as one FP8
     GEMM over ``[gate; up]`` (one quantization of ``x`` for both; tensorwise: one scale for the
     two weights together, rowwise: one per output channel as for separate layers), the gated
     activation on :func:`cutlass_nn.ops.gated_act` (float math, one rounding), the down
@@ -243,15 +244,16 @@ class _Fp8GatedMlp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, gate_w, up_w, down_w, gate_b, up_b, down_b, activation, scaling,
-                grad_format, out_dtype):
+                grad_format, fast_accum, out_dtype):
         k = gate_w.shape[1]
         x2 = x.reshape(-1, k)
         gate_up_b = None if gate_b is None else torch.cat((gate_b, up_b))
         gate_up, scales_gu = _forward_gemm(x2, _gate_up_weight(gate_w, up_w), gate_up_b,
-                                           scaling, out_dtype)
+                                           scaling, out_dtype, fast_accum)
         hidden = ops.gated_act(gate_up, activation)
         # the hidden activation is not saved (the backward recomputes it): not kept for reuse
-        y, scales_down = _forward_gemm(hidden, down_w, down_b, scaling, out_dtype, shared=False)
+        y, scales_down = _forward_gemm(hidden, down_w, down_b, scaling, out_dtype, fast_accum,
+                                       shared=False)
         ctx.save_for_backward(x2, gate_w, up_w, down_w, gate_up, *scales_gu, *scales_down)
         ctx.activation, ctx.scaling, ctx.grad_format = activation, scaling, grad_format
         ctx.x_shape, ctx.x_dtype, ctx.out_dtype = x.shape, x.dtype, out_dtype
@@ -269,7 +271,7 @@ class _Fp8GatedMlp(torch.autograd.Function):
         need_gu_side = need[0] or need[1] or need[2] or need_gu_bias
         fmt, scaling, n = ctx.grad_format, ctx.scaling, gate_w.shape[0]
         g2 = grad_output.reshape(-1, down_w.shape[0])
-        grads = [None] * 11
+        grads = [None] * 12
 
         grad, grad_t = _grad_operands(g2, scaling, fmt, need_gu_side, need[3])
         if need_gu_side:
@@ -354,7 +356,8 @@ def linear(
     out_dtype = input.dtype
     if torch.is_autocast_enabled(input.device.type):
         out_dtype = torch.get_autocast_dtype(input.device.type)
-    return _Fp8Linear.apply(input, weight, bias, recipe.scaling, recipe.grad_format, out_dtype)
+    return _Fp8Linear.apply(input, weight, bias, recipe.scaling, recipe.grad_format,
+                            recipe.fast_accum_forward, out_dtype)
 
 
 def gated_mlp(
@@ -431,4 +434,4 @@ def gated_mlp(
         out_dtype = torch.get_autocast_dtype(input.device.type)
     return _Fp8GatedMlp.apply(input, gate_weight, up_weight, down_weight, gate_bias, up_bias,
                               down_bias, activation, recipe.scaling, recipe.grad_format,
-                              out_dtype)
+                              recipe.fast_accum_forward, out_dtype)

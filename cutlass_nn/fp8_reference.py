@@ -50,12 +50,17 @@ AMAX_FLOOR = 1e-12
 
 @dataclass(frozen=True)
 class Fp8Recipe:
-    """How a linear layer's operands are scaled (``scaling``: ``"tensorwise"`` or ``"rowwise"``)
-    and the float8 format of its gradients (``grad_format``: ``"e4m3"`` or ``"e5m2"``; forward
-    operands are always e4m3)."""
+    """How a linear layer's operands are scaled (``scaling``: ``"tensorwise"`` or ``"rowwise"``),
+    the float8 format of its gradients (``grad_format``: ``"e4m3"`` or ``"e5m2"``; forward
+    operands are always e4m3), and whether the forward GEMM may accumulate without promotion
+    (``fast_accum_forward``: on Hopper the tensor cores' partial sums are not promoted to float32
+    every 128 of K -- faster, less accurate over a long K; the choice of torchao's and
+    TransformerEngine's recipes for the forward GEMM. This reference, and the CPU, compute the
+    forward exactly either way)."""
 
     scaling: str = "tensorwise"
     grad_format: str = "e4m3"
+    fast_accum_forward: bool = False
 
     def __post_init__(self) -> None:
         if self.scaling not in SCALINGS:
@@ -67,6 +72,11 @@ class Fp8Recipe:
             raise ValueError(
                 f"cutlass_nn.fp8_reference.Fp8Recipe: argument 'grad_format' must be one of "
                 f"{', '.join(FORMATS)}, got {self.grad_format!r}"
+            )
+        if not isinstance(self.fast_accum_forward, bool):
+            raise TypeError(
+                "cutlass_nn.fp8_reference.Fp8Recipe: argument 'fast_accum_forward' must be a "
+                f"bool, got {type(self.fast_accum_forward).__name__}"
             )
 
 

@@ -56,3 +56,17 @@ def test_configs_argument_takes_swizzles():
     for bad in ("0,s2", "4s3", "x"):
         with pytest.raises(SystemExit):
             fp8.parse_args(["--configs", bad])
+
+
+def test_fp8_choices_name_their_recipes():
+    from cutlass_nn.bench import fp8 as bench_fp8
+    from cutlass_nn.fp8_reference import Fp8Recipe
+
+    assert bench_fp8.recipe_of("rowwise") == Fp8Recipe("rowwise")
+    assert bench_fp8.recipe_of("tensorwise-fast-accum") == Fp8Recipe(
+        "tensorwise", fast_accum_forward=True)
+    assert set(bench_fp8.FP8_CHOICES) == {"tensorwise", "rowwise", "tensorwise-fast-accum",
+                                          "rowwise-fast-accum"}
+    args = bench_fp8.convert_args("rowwise-fast-accum")
+    assert args["fp8_recipe"] == Fp8Recipe("rowwise", fast_accum_forward=True)
+    assert not args["filter_fn"]("model.lm_head", None) and args["filter_fn"]("q_proj", None)

@@ -227,3 +227,26 @@ def test_input_reuse_equal_to_no_reuse_and_safe_in_cuda_graphs():
         fresh = [m(static.clone()) for m in layers]
     for a, b in zip(outs, fresh):
         assert torch.equal(a, b)
+
+
+def test_fast_accum_forward_runs_the_fast_accumulation_kernel():
+    """Fp8Recipe(fast_accum_forward=True): the forward GEMM on the kernel without promotion,
+    the backward GEMMs promoted; the output near the reference (fast accumulation rounds the
+    tensor cores' partial sums more coarsely, so a looser bound than the promoted kernels')."""
+    torch.manual_seed(12)
+    recipe = Fp8Recipe(fast_accum_forward=True)
+    stock = nn.Linear(2048, 1024, device="cuda", dtype=torch.bfloat16)
+    ours = cutlass_nn.CutlassLinear.from_linear(stock, precision="fp8", fp8_recipe=recipe)
+    x = torch.randn(512, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        y = ours(x)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("FastAccum" in n for n in names), names[:10]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        y.backward(torch.randn_like(y))
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert not any("FastAccum" in n for n in names)
+    want = Fp8LinearReference.apply(x.detach(), stock.weight.detach(), stock.bias.detach(), recipe)
+    close(y, want, 2.0**-7 + 1e-2, "fast-accumulation output")

@@ -422,3 +422,42 @@ def test_gated_mlp_keeps_no_hidden_activation_for_reuse():
     source = fp8._LastQuantization.entry[1]
     assert source.data_ptr() == x.data_ptr() and source.shape[-1] == 32
     y.float().sum().backward()
+
+
+# ---------------------------------------------------------------------------------------------
+# Fp8Recipe(fast_accum_forward=True)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_fast_accum_forward_reaches_only_the_forward_gemms(monkeypatch):
+    """The flag goes to the forward GEMMs (the linear's; the gated MLP's two) and never to a
+    backward one; the CPU computes exactly either way, so the results equal the reference."""
+    seen = []
+    real = fp8.ops.fp8_scaled_mm
+
+    def spy(*args):
+        seen.append(args[6] if len(args) > 6 else False)  # the default: promoted
+        return real(*args)
+
+    monkeypatch.setattr(fp8.ops, "fp8_scaled_mm", spy)
+    recipe = Fp8Recipe(fast_accum_forward=True)
+    torch.manual_seed(9)
+    layer = cutlass_nn.CutlassLinear(32, 48, dtype=torch.bfloat16, precision="fp8",
+                                     fp8_recipe=recipe)
+    x = torch.randn(5, 32, dtype=torch.bfloat16, requires_grad=True)
+    y = layer(x)
+    assert seen == [True]
+    y.backward(torch.ones_like(y))
+    assert seen == [True, False, False]
+    want = Fp8LinearReference.apply(x.detach(), layer.weight.detach(), layer.bias.detach(), recipe)
+    assert torch.equal(y, want)
+    seen.clear()
+    mlp = cutlass_nn.GatedMLP(32, 48, dtype=torch.bfloat16, precision="fp8", fp8_recipe=recipe)
+    mlp(x).float().sum().backward()
+    assert seen == [True, True, False, False, False, False]
+
+
+def test_recipe_fast_accum_forward_must_be_a_bool():
+    with pytest.raises(TypeError, match="'fast_accum_forward' must be a bool, got str"):
+        Fp8Recipe(fast_accum_forward="yes")
+    assert "fast_accum_forward=True" in repr(Fp8Recipe(fast_accum_forward=True))

@@ -81,11 +81,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def convert_args(scaling: str) -> dict[str, Any]:
+#: The model benchmark's ``--fp8`` values: a scaling, optionally with fast accumulation in the
+#: forward GEMM (``Fp8Recipe.fast_accum_forward``, as torchao's and TransformerEngine's recipes).
+FAST_ACCUM_SUFFIX = "-fast-accum"
+FP8_CHOICES = tuple(s + suffix for suffix in ("", FAST_ACCUM_SUFFIX) for s in R.SCALINGS)
+
+
+def recipe_of(spec: str) -> R.Fp8Recipe:
+    """The :class:`Fp8Recipe` of an ``--fp8`` value (:data:`FP8_CHOICES`)."""
+    fast = spec.endswith(FAST_ACCUM_SUFFIX)
+    return R.Fp8Recipe(scaling=spec[: -len(FAST_ACCUM_SUFFIX)] if fast else spec,
+                       fast_accum_forward=fast)
+
+
+def convert_args(spec: str) -> dict[str, Any]:
     """``cutlass_nn.convert``'s arguments of an FP8 row of the model benchmark (``--what models
-    --fp8``): ``precision="fp8"`` with the scaling, the LM head left an ``nn.Linear`` (as the
-    FP8 peers are run)."""
-    return dict(precision="fp8", fp8_recipe=R.Fp8Recipe(scaling=scaling),
+    --fp8 SPEC``, one of :data:`FP8_CHOICES`): ``precision="fp8"`` with that recipe, the LM head
+    left an ``nn.Linear`` (as the FP8 peers are run)."""
+    return dict(precision="fp8", fp8_recipe=recipe_of(spec),
                 filter_fn=lambda name, m: not name.endswith("lm_head"))
 
 

@@ -563,10 +563,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--torchao", action="store_true",
                    help="with --fp8: add a side converted by torchao's float8 training with its "
                    "recipe of that name (needs torchao; cutlass_nn/bench/peers.py)")
-    p.add_argument("--fp8", choices=("tensorwise", "rowwise"), default=None,
-                   help="convert with precision='fp8' and this scaling (e4m3 gradients): the "
-                   "layers that pass cutlass_nn.fp8.eligible train in FP8; the LM head is left "
-                   "an nn.Linear")
+    p.add_argument("--fp8", choices=bench_fp8.FP8_CHOICES, default=None,
+                   help="convert with precision='fp8' and this scaling (e4m3 gradients; with "
+                   "-fast-accum, fast accumulation in the forward GEMM): the layers that pass "
+                   "cutlass_nn.fp8.eligible train in FP8; the LM head is left an nn.Linear")
     p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge earlier model-benchmark JSONs into one JSON + PNG (no GPU)")
     return p.parse_args(argv)

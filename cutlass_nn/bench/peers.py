@@ -20,6 +20,8 @@ from typing import Any, Sequence
 
 from torch import nn
 
+from cutlass_nn.bench.fp8 import recipe_of
+
 PEERS = ("liger", "torchao")
 _MODULES = {"liger": "liger_kernel.transformers", "torchao": "torchao.float8"}
 
@@ -45,7 +47,11 @@ def skip_reason(peer: str, family: str, fp8: str | None) -> tuple[str, str] | No
 
 
 def apply(peer: str, model: nn.Module, fp8: str | None) -> nn.Module:
-    return apply_liger(model) if peer == "liger" else apply_torchao(model, fp8 or "tensorwise")
+    if peer == "liger":
+        return apply_liger(model)
+    # torchao's recipe of that scaling (its tensorwise recipe has fast accumulation in the
+    # forward GEMM already)
+    return apply_torchao(model, recipe_of(fp8 or "tensorwise").scaling)
 
 
 def apply_liger(model: nn.Module) -> nn.Module:

@@ -12,7 +12,7 @@ time of the step. JSON to ``--out``; a table on stdout.
 Usage::
 
     python -m cutlass_nn.bench --what step-profile [--family llama] [--size gpu]
-        [--fp8 tensorwise|rowwise] [--fuse-norm] [--fuse-mlp] [--fuse-rope] [--fuse-head]
+        [--fp8 tensorwise|rowwise[-fast-accum]] [--fuse-norm] [--fuse-mlp] [--fuse-rope] [--fuse-head]
         [--steps 3] [--warmup 2] [--top 12] [--out DIR]
 """
 
@@ -75,13 +75,14 @@ def summarize_kernels(kernels: Sequence[tuple[str, float]], steps: int, top: int
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    from cutlass_nn.bench import fp8 as bench_fp8
     from cutlass_nn.bench import models
 
     p = argparse.ArgumentParser(prog="python -m cutlass_nn.bench --what step-profile")
     p.add_argument("--what", choices=["step-profile"], default="step-profile")
     p.add_argument("--family", choices=models.FAMILIES, default="llama")
     p.add_argument("--size", choices=models.SIZES, default="gpu")
-    p.add_argument("--fp8", choices=("tensorwise", "rowwise"), default=None)
+    p.add_argument("--fp8", choices=bench_fp8.FP8_CHOICES, default=None)
     for flag in ("norm", "mlp", "rope", "head"):
         p.add_argument(f"--fuse-{flag}", action="store_true")
     p.add_argument("--steps", type=int, default=3, help="profiled steps per side")
