@@ -4,23 +4,26 @@ SM90 FP8 kernels on Hopper, the same arithmetic in ATen elsewhere).
 
 The arithmetic is :mod:`cutlass_nn.fp8_reference`'s, step for step (the tests check them equal; the
 one difference: the bias is rounded to the output dtype before the add, see :func:`linear`):
-each operand is quantized from its own absolute maximum on every call (``Fp8Recipe.scaling``
-"tensorwise": one scale per operand; "rowwise": per row of the activations and of the output
-gradient, per output channel of the weight, and for the backward along the axes each GEMM does
-not sum over), forward operands in e4m3, the output gradient in ``Fp8Recipe.grad_format``; float32
-accumulation; outputs in the input's dtype (the autocast dtype under ``torch.autocast``), the
-weight gradient in the weight's dtype, the bias gradient as float32 column sums of the
-unquantized output gradient. Parameters keep their dtype; nothing FP8 is stored between steps, so
-``state_dict`` is unchanged. The backward keeps what ``nn.Linear``'s keeps (the input and the
-weight) and quantizes them again along the axes its GEMMs need
-(:func:`cutlass_nn.ops.fp8_quantize`, which writes transposed operands directly; a tensorwise
-output gradient is quantized once into both layouts, :func:`cutlass_nn.ops.fp8_quantize_both`).
+each operand is quantized from its own absolute maximum (``Fp8Recipe.scaling`` "tensorwise": one
+scale per operand; "rowwise": per row of the activations and of the output gradient, per output
+channel of the weight, and for the backward along the axes each GEMM does not sum over),
+forward operands in e4m3, the output gradient in ``Fp8Recipe.grad_format``; float32 accumulation
+(``Fp8Recipe.fast_accum_forward``: the forward GEMM without promotion on Hopper); outputs in the
+input's dtype (the autocast dtype under ``torch.autocast``), the weight gradient in the weight's
+dtype, the bias gradient as float32 column sums of the unquantized output gradient. Parameters
+keep their dtype; nothing FP8 is stored between steps, so ``state_dict`` is unchanged. The
+backward keeps what ``nn.Linear``'s keeps (the input and the weight, plus two one-element scales)
+and casts them again in the layouts its GEMMs need: rowwise quantized along the other axis
+(:func:`cutlass_nn.ops.fp8_quantize`, which writes transposed operands directly), tensorwise cast
+with the forward's scales (:func:`cutlass_nn.ops.fp8_cast`, no second maximum); a tensorwise
+output gradient is quantized once into both layouts (:func:`cutlass_nn.ops.fp8_quantize_both`).
 
-Entry points: :func:`linear` (autograd), :func:`eligible` (the size rule that
-:func:`cutlass_nn.convert` applies with ``precision="fp8"``), and ``CutlassLinear(...,
+Entry points: :func:`linear` (autograd), :func:`gated_mlp` (the gated MLP with gate and up as one
+FP8 GEMM), :func:`reuse_quantized_inputs` (opt-in sharing of an activation's quantization by
+consecutive layers), :func:`eligible` (the size rule that :func:`cutlass_nn.convert` applies
+with ``precision="fp8"``), and ``CutlassLinear(..., precision="fp8")`` / ``GatedMLP(...,
 precision="fp8")``.
 """
-
 from __future__ import annotations
 
 import torch
@@ -56,56 +59,79 @@ def _transposed_scale(scale: Tensor) -> Tensor:
 class _LastQuantization:
     """The last quantization of an activation (see :func:`_reused`): one entry for the process,
     so that the forward's first quantization releases what the previous backward (which runs
-    on autograd's device threads) left there."""
+    on autograd's device threads) left there. Off by default."""
 
-    enabled = True
-    entry = None  # (key, source tensor, result)
+    enabled = False
+    entry = None  # (key, detached source tensor, result)
 
 
 def reuse_quantized_inputs(enabled: bool) -> bool:
-    """Turn on (the default) or off the reuse of an activation's FP8 quantization by
+    """Turn on or off (the default) the reuse of an activation's FP8 quantization by
     consecutive FP8 layers that read the same tensor (a Llama attention's ``q_proj``,
     ``k_proj`` and ``v_proj``; an unfused gated MLP's ``gate_proj`` and ``up_proj``): the
     forward quantizes it once and the backward casts its transpose once, instead of once per
-    layer. Returns the previous setting. The reuse is exact (the same data gives the same FP8
-    data and scale). It is keyed on the tensor's storage address, shape, strides, dtype, version
-    counter and the current CUDA stream, and the entry holds the tensor until the next
-    quantization replaces it (so its memory cannot be reused under the key, and at most one
-    activation and its FP8 copy are kept a little longer than otherwise). In-place changes
-    through autograd-visible operations bump the version and are seen; changes made behind the
-    version counter (writes through ``.data``) are not, which is the reason for the switch."""
+    layer. Returns the previous setting.
+
+    The reuse is exact when it applies: the same data gives the same FP8 data and scale. It
+    applies only to tensors that are part of an autograd graph (the tensor, or the base it is a
+    view of, has a ``grad_fn``; not in inference mode), keyed on that node, the
+    storage address, shape, strides, dtype, version counter and current CUDA stream; never while
+    tracing or capturing a CUDA graph; and the entry is dropped when a backward pass ends. It is
+    off by default because writes that do not bump the version counter are invisible to it:
+    a CUDA graph replay writing into tensors an eager FP8 layer then reads (the same node, data
+    and version on every replay), writes through ``.data``, through a NumPy / DLPack alias, or by
+    an in-place collective between two layers reading the same tensor. Turn it on for eager
+    training loops that do none of these (it saves 4 maximum passes and 8 casts per Llama
+    decoder layer and step)."""
     previous = _LastQuantization.enabled
     _LastQuantization.enabled = bool(enabled)
     _LastQuantization.entry = None
     return previous
 
 
+def _drop_entry() -> None:
+    _LastQuantization.entry = None
+
+
+def _drop_entry_after_backward() -> None:
+    """Called from a backward: the entry goes when this backward pass ends (nothing of one
+    step is reused in the next, and the pass's last activation is not kept)."""
+    if _LastQuantization.enabled:
+        torch.autograd.Variable._execution_engine.queue_callback(_drop_entry)
+
+
 def _reused(kind: str, t: Tensor, compute, scale=None):
     """``compute()``, or the result of the same computation on the same tensor if that was the
     last one made: ``kind`` names the computation, ``scale`` any scale tensor it uses (its
     identity is part of the key: the entry's result holds it, so the identity stays unique),
-    ``t`` its input (see :func:`reuse_quantized_inputs` for the rest of the key). Not while
-    tracing (nothing here is traceable: identities, version counters), nor while capturing a
-    CUDA graph (an entry made outside a capture would keep the graph from recording the kernel
-    it stands for)."""
+    ``t`` its input (see :func:`reuse_quantized_inputs` for when it applies and the rest of the
+    key). Not traceable (identities, version counters): skipped while tracing."""
     if (
         not _LastQuantization.enabled
         or torch.compiler.is_compiling()
         or type(t) not in (Tensor, torch.nn.Parameter)
+        or t.is_inference()
     ):
+        return compute()
+    root = t._base if t._base is not None else t
+    node = root.grad_fn
+    if node is None:
         return compute()
     stream = None
     if t.is_cuda:
         if torch.cuda.is_current_stream_capturing():
             return compute()
         stream = torch.cuda.current_stream(t.device).cuda_stream
-    key = (kind, id(scale), t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version,
-           stream)
+    key = (kind, id(scale), id(node), t.data_ptr(), t.shape, t.stride(), t.dtype, t.device,
+           t._version, stream)
     entry = _LastQuantization.entry
     if entry is not None and entry[0] == key:
         return entry[2]
     result = compute()
-    _LastQuantization.entry = (key, t, result)
+    # The node is held (its identity stays unique while the key names it); the source only as
+    # a detached alias (its storage cannot be reused under the key, and no graph is held
+    # through it beyond the node).
+    _LastQuantization.entry = (key, t.detach(), result, node)
     return result
 
 
@@ -196,6 +222,7 @@ class _Fp8Linear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output):
+        _drop_entry_after_backward()
         x2, weight, *scales = ctx.saved_tensors
         xs, ws = scales if scales else (None, None)
         g2 = grad_output.reshape(-1, weight.shape[0])
@@ -263,6 +290,7 @@ class _Fp8GatedMlp(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output):
+        _drop_entry_after_backward()
         x2, gate_w, up_w, down_w, gate_up, *scales = ctx.saved_tensors
         # tensorwise: (x, [gate; up]) then (hidden, down) scales; rowwise: none
         xs, gus, hs, ds = scales if scales else (None,) * 4
@@ -278,8 +306,10 @@ class _Fp8GatedMlp(torch.autograd.Function):
             grad_hidden = _dgrad(grad, down_w, ds, ctx.out_dtype)
             grad_gate_up, hidden = ops.gated_act_backward(grad_hidden, gate_up, ctx.activation)
             del grad_hidden
-        else:
+        elif need[3]:
             hidden = ops.gated_act(gate_up, ctx.activation)
+        else:
+            hidden = None  # only the down projection's bias needs a gradient
         del gate_up, grad
         if need[3]:
             grads[3] = _wgrad(grad_t, hidden, hs, down_w.dtype, shared=False)
@@ -306,13 +336,16 @@ class _Fp8GatedMlp(torch.autograd.Function):
         return tuple(grads)
 
 
-def _check(op: str, x, weight, bias, recipe) -> None:
+def _check(op: str, x, weight, bias, recipe, names=("weight", "bias")) -> None:
+    """``x`` [..., in] against ``weight`` [out, in] and ``bias`` [out] or None, with the
+    argument names ``names`` (the weight's and the bias's) in the messages."""
+    wname, bname = names
     if not isinstance(recipe, Fp8Recipe):
         raise TypeError(
             f"cutlass_nn.fp8.{op}: argument 'recipe' must be a cutlass_nn.fp8.Fp8Recipe, got "
             f"{type(recipe).__name__}"
         )
-    for name, t in (("input", x), ("weight", weight)):
+    for name, t in (("input", x), (wname, weight)):
         if not isinstance(t, Tensor) or t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             got = f"a {t.dtype} tensor" if isinstance(t, Tensor) else type(t).__name__
             raise TypeError(
@@ -322,16 +355,16 @@ def _check(op: str, x, weight, bias, recipe) -> None:
     if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         raise ValueError(
             f"cutlass_nn.fp8.{op}: argument 'input' must have a last dimension of "
-            f"{weight.shape[1] if weight.dim() == 2 else '?'} (weight [out_features, in_features] "
-            f"= {list(weight.shape)}), got shape {list(x.shape)}"
+            f"{weight.shape[1] if weight.dim() == 2 else '?'} ({wname} [out_features, "
+            f"in_features] = {list(weight.shape)}), got shape {list(x.shape)}"
         )
     if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (weight.shape[0],)):
         got = list(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
         raise ValueError(
-            f"cutlass_nn.fp8.{op}: argument 'bias' must be None or a tensor of shape "
+            f"cutlass_nn.fp8.{op}: argument '{bname}' must be None or a tensor of shape "
             f"[{weight.shape[0]}], got {got}"
         )
-    for name, t in (("weight", weight), ("bias", bias)):
+    for name, t in ((wname, weight), (bname, bias)):
         if t is not None and t.device != x.device:
             raise ValueError(
                 f"cutlass_nn.fp8.{op}: argument '{name}' must be on device {x.device} (the "
@@ -385,7 +418,7 @@ def gated_mlp(
     backward recomputes them from the saved gate+up output instead of keeping the hidden
     activation. The output has ``input``'s dtype (the autocast dtype under ``torch.autocast``);
     gradients reach every tensor argument (first order)."""
-    _check("gated_mlp", input, gate_weight, gate_bias, recipe)
+    _check("gated_mlp", input, gate_weight, gate_bias, recipe, ("gate_weight", "gate_bias"))
     for name, t in (("up_weight", up_weight), ("down_weight", down_weight)):
         if not isinstance(t, Tensor) or t.dtype != gate_weight.dtype or t.device != input.device:
             got = f"a {t.dtype} tensor on {t.device}" if isinstance(t, Tensor) else type(t).__name__
@@ -410,7 +443,7 @@ def gated_mlp(
             f"tensors or both None, got {type(gate_bias).__name__} and {type(up_bias).__name__}"
         )
     if up_bias is not None:
-        _check("gated_mlp", input, up_weight, up_bias, recipe)
+        _check("gated_mlp", input, up_weight, up_bias, recipe, ("up_weight", "up_bias"))
     out = down_weight.shape[0]
     if down_bias is not None and (
         not isinstance(down_bias, Tensor)

@@ -55,8 +55,9 @@ class Fp8Recipe:
     operands are always e4m3), and whether the forward GEMM may accumulate without promotion
     (``fast_accum_forward``: on Hopper the tensor cores' partial sums are not promoted to float32
     every 128 of K -- faster, less accurate over a long K; the choice of torchao's and
-    TransformerEngine's recipes for the forward GEMM. This reference, and the CPU, compute the
-    forward exactly either way)."""
+    TransformerEngine's recipes for the forward GEMM; it applies where the kernel without
+    promotion runs, e4m3 x e4m3 with a bfloat16 output on SM90, and other forward GEMMs stay
+    promoted. This reference, and the CPU, compute the forward exactly either way)."""
 
     scaling: str = "tensorwise"
     grad_format: str = "e4m3"

@@ -482,8 +482,8 @@ class GatedMLP(nn.Module):
     still compute the same result, with a copy per call.
 
     If any of the three projections is no longer a plain ``CutlassLinear`` (replaced, given an
-    activation, or carrying forward / backward hooks), the forward calls them one by one, so
-    that what they do still happens.
+    activation, or carrying forward / backward hooks), or they differ in precision or FP8
+    recipe, the forward calls them one by one, so that what they do still happens.
 
     Args:
         hidden_size: the input and output feature size.

@@ -310,6 +310,10 @@ def test_gated_mlp_fp8_autocast_and_compile():
         (dict(activation="tanh"), ValueError, "'activation' must be one of"),
         (dict(up_weight=torch.zeros(48, 32, dtype=torch.float64)), TypeError, "'up_weight' must be a torch.float32"),
         (dict(input=torch.zeros(3, 31)), ValueError, "'input' must have a last dimension of 32"),
+        (dict(gate_weight=torch.zeros(48, 32, dtype=torch.float64)), TypeError,
+         "'gate_weight' must be a float16, bfloat16 or float32"),
+        (dict(gate_bias=torch.zeros(48), up_bias=torch.zeros(47)), ValueError,
+         "'up_bias' must be None or a tensor of shape [48]"),
     ],
 )
 def test_gated_mlp_fp8_errors(args, error, message):
@@ -343,22 +347,31 @@ def test_convert_fuse_mlp_with_fp8():
 
 
 # ---------------------------------------------------------------------------------------------
-# Reuse of an input's quantization by consecutive FP8 layers
+# Reuse of an input's quantization by consecutive FP8 layers (opt-in)
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def reuse_on():
+    previous = fp8.reuse_quantized_inputs(True)
+    yield
+    fp8.reuse_quantized_inputs(previous)
+
+
 def _qkv_step(layers, x, g):
-    """Three FP8 layers reading one input (an attention's q / k / v projections): outputs and
-    every gradient, plus the profiled counts of the quantization operators."""
+    """Three FP8 layers reading one input (an attention's q / k / v projections; the input
+    made by an operation, as a decoder's normalized activation is): outputs and every gradient,
+    plus the profiled counts of the quantization operators."""
     for m in layers:
         m.zero_grad(set_to_none=True)
-    x = x.detach().clone().requires_grad_()
+    leaf = x.detach().clone().requires_grad_()
+    x = leaf * 1.0
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         ys = [m(x) for m in layers]
         torch.autograd.backward(ys, [g[..., : y.shape[-1]] for y in ys])
     names = [e.name for e in prof.events()]
     counts = {op: names.count(f"cutlass_nn::{op}") for op in ("fp8_quantize", "fp8_cast")}
-    return ys, x.grad, [m.weight.grad for m in layers], counts
+    return ys, leaf.grad, [m.weight.grad for m in layers], counts
 
 
 @pytest.mark.parametrize("recipe", [Fp8Recipe("tensorwise"), Fp8Recipe("rowwise")], ids=str)
@@ -368,12 +381,13 @@ def test_layers_reading_one_input_quantize_it_once(recipe):
                                        fp8_recipe=recipe) for n in (48, 16, 16)]
     x = torch.randn(2, 5, 32, dtype=torch.bfloat16)
     g = torch.randn(2, 5, 48, dtype=torch.bfloat16)
-    previous = fp8.reuse_quantized_inputs(False)
+    want = _qkv_step(layers, x, g)  # off by default
+    previous = fp8.reuse_quantized_inputs(True)
     try:
-        want = _qkv_step(layers, x, g)
+        got = _qkv_step(layers, x, g)
+        assert fp8._LastQuantization.entry is None  # dropped when the backward pass ended
     finally:
         fp8.reuse_quantized_inputs(previous)
-    got = _qkv_step(layers, x, g)
     for a, b in zip(got[0], want[0]):
         assert torch.equal(a, b)
     assert torch.equal(got[1], want[1])
@@ -389,39 +403,62 @@ def test_layers_reading_one_input_quantize_it_once(recipe):
         assert want[3]["fp8_quantize"] - got[3]["fp8_quantize"] == 4
 
 
-def test_reuse_sees_in_place_changes_and_other_views():
+def _forward_quantizations(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.name for e in prof.events()].count("cutlass_nn::fp8_quantize")
+
+
+def test_reuse_only_for_graph_tensors_and_never_in_inference_mode(reuse_on):
+    layer = cutlass_nn.CutlassLinear(32, 16, bias=False, dtype=torch.bfloat16, precision="fp8")
+    leaf = torch.randn(8, 32, dtype=torch.bfloat16, requires_grad=True)
+    made = leaf * 2
+    assert _forward_quantizations(lambda: (layer(made), layer(made))) == 3  # x once, w twice
+    plain = torch.randn(8, 32, dtype=torch.bfloat16)  # no graph: a buffer, a NumPy alias...
+    assert _forward_quantizations(lambda: (layer(plain), layer(plain))) == 4
+    assert _forward_quantizations(lambda: (layer(leaf), layer(leaf))) == 4
+    with torch.inference_mode():
+        frozen = torch.randn(8, 32, dtype=torch.bfloat16)
+        assert torch.equal(layer(frozen), layer(frozen.clone()))
+        mlp = cutlass_nn.GatedMLP(32, 48, dtype=torch.bfloat16, precision="fp8")
+        mlp(frozen)
+
+
+def test_reuse_sees_in_place_changes_and_other_views(reuse_on):
     torch.manual_seed(7)
     a = cutlass_nn.CutlassLinear(32, 16, bias=False, dtype=torch.bfloat16, precision="fp8")
     b = cutlass_nn.CutlassLinear(32, 16, bias=False, dtype=torch.bfloat16, precision="fp8")
     b.load_state_dict(a.state_dict())
-    x = torch.randn(8, 32, dtype=torch.bfloat16)
-    with torch.no_grad():
-        first = a(x)
-        x.mul_(4)  # bumps the version: b must quantize the new values
-        assert torch.equal(b(x), a(x.clone())) and not torch.equal(b(x), first)
-        # another view of the same storage (other shape): quantized on its own
-        flat = x.view(4, 64)
-        c = cutlass_nn.CutlassLinear(64, 16, bias=False, dtype=torch.bfloat16, precision="fp8")
-        assert torch.equal(c(flat), c(flat.clone()))
+    x = torch.randn(8, 32, dtype=torch.bfloat16, requires_grad=True) * 1.0
+    first = a(x)
+    x.mul_(4)  # bumps the version: b must quantize the new values
+    assert torch.equal(b(x), a(x.detach().clone())) and not torch.equal(b(x), first)
+    # another view of the same storage (other shape): quantized on its own
+    flat = x.view(4, 64)
+    c = cutlass_nn.CutlassLinear(64, 16, bias=False, dtype=torch.bfloat16, precision="fp8")
+    assert torch.equal(c(flat), c(flat.detach().clone()))
 
 
-def test_reuse_switch_returns_the_previous_setting():
-    assert fp8.reuse_quantized_inputs(False) is True
+def test_reuse_is_off_by_default_and_the_switch_returns_the_previous_setting():
+    assert fp8.reuse_quantized_inputs(True) is False
     try:
-        assert fp8.reuse_quantized_inputs(False) is False
+        assert fp8.reuse_quantized_inputs(True) is True
     finally:
-        fp8.reuse_quantized_inputs(True)
+        fp8.reuse_quantized_inputs(False)
 
 
-def test_gated_mlp_keeps_no_hidden_activation_for_reuse():
+def test_gated_mlp_keeps_no_hidden_activation_for_reuse(reuse_on):
     """The MLP's hidden activation is recomputed by its backward, not saved: the reuse entry
-    must not keep it alive either (after the forward it holds the MLP's input)."""
+    must not keep it alive either (after the forward it holds the MLP's input), nor any graph
+    through its source (held detached)."""
     mlp = cutlass_nn.GatedMLP(32, 48, dtype=torch.bfloat16, precision="fp8")
-    x = torch.randn(6, 32, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(6, 32, dtype=torch.bfloat16, requires_grad=True) * 1.0
     y = mlp(x)
     source = fp8._LastQuantization.entry[1]
     assert source.data_ptr() == x.data_ptr() and source.shape[-1] == 32
+    assert source.grad_fn is None and source._base is None
     y.float().sum().backward()
+    assert fp8._LastQuantization.entry is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -461,3 +498,14 @@ def test_recipe_fast_accum_forward_must_be_a_bool():
     with pytest.raises(TypeError, match="'fast_accum_forward' must be a bool, got str"):
         Fp8Recipe(fast_accum_forward="yes")
     assert "fast_accum_forward=True" in repr(Fp8Recipe(fast_accum_forward=True))
+
+
+def test_gated_mlp_fp8_only_the_down_bias():
+    mlp = cutlass_nn.GatedMLP(32, 48, bias=True, dtype=torch.bfloat16, precision="fp8")
+    for name, p in mlp.named_parameters():
+        p.requires_grad_(name == "down_proj.bias")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        mlp(torch.randn(6, 32, dtype=torch.bfloat16)).float().sum().backward()
+    names = [e.name for e in prof.events()]
+    assert names.count("cutlass_nn::gated_act") == 1  # the forward's; none recomputed
+    assert torch.equal(mlp.down_proj.bias.grad, torch.full((32,), 6.0, dtype=torch.bfloat16))

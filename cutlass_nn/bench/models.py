@@ -567,6 +567,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="convert with precision='fp8' and this scaling (e4m3 gradients; with "
                    "-fast-accum, fast accumulation in the forward GEMM): the layers that pass "
                    "cutlass_nn.fp8.eligible train in FP8; the LM head is left an nn.Linear")
+    p.add_argument("--fp8-reuse", action="store_true",
+                   help="with --fp8: turn on cutlass_nn.fp8.reuse_quantized_inputs (off by "
+                   "default; consecutive FP8 layers reading one activation share its "
+                   "quantization)")
     p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge earlier model-benchmark JSONs into one JSON + PNG (no GPU)")
     return p.parse_args(argv)
@@ -621,6 +625,8 @@ def main(argv: Sequence[str]) -> int:
     meta["fuse_rope"] = bool(args.fuse_rope)
     meta["liger"] = bool(args.liger)
     meta["fp8"] = args.fp8
+    meta["fp8_reuse"] = bool(args.fp8_reuse)
+    cutlass_nn.fp8.reuse_quantized_inputs(bool(args.fp8_reuse))
     meta["torchao"] = bool(args.torchao)
     specs = plan(args.families, args.sizes, args.modes)
     args.out.mkdir(parents=True, exist_ok=True)

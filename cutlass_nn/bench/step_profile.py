@@ -83,6 +83,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--family", choices=models.FAMILIES, default="llama")
     p.add_argument("--size", choices=models.SIZES, default="gpu")
     p.add_argument("--fp8", choices=bench_fp8.FP8_CHOICES, default=None)
+    p.add_argument("--fp8-reuse", action="store_true",
+                   help="turn on cutlass_nn.fp8.reuse_quantized_inputs (off by default)")
     for flag in ("norm", "mlp", "rope", "head"):
         p.add_argument(f"--fuse-{flag}", action="store_true")
     p.add_argument("--steps", type=int, default=3, help="profiled steps per side")
@@ -133,6 +135,9 @@ def main(argv: Sequence[str]) -> int:
     meta = bench.gpu_run_meta(argv)
     if meta is None:
         return 2
+    import cutlass_nn
+
+    cutlass_nn.fp8.reuse_quantized_inputs(bool(args.fp8_reuse))
     size = models.MODEL_SIZES[args.size]
     batches = models.make_batches(size, 4, "cuda")
     result: dict[str, Any] = {"mode": "step-profile", "meta": meta, "settings": vars(args) | {"out": str(args.out)},
