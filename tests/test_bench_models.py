@@ -118,6 +118,9 @@ def test_torchao_side_plumbing_with_a_stand_in(monkeypatch):
         taken.extend(n for n, m in model.named_modules() if module_filter_fn(m, n))
         return model
 
+    # transformers asks importlib whether torchao is installed on its first model build; let it
+    # see the real answer before the stand-in (which has no import spec) is in sys.modules
+    bench_models.build_model("llama", TINY["host"])
     fake = types.ModuleType("torchao.float8")
     fake.Float8LinearConfig = Config
     fake.convert_to_float8_training = convert_to_float8_training
