@@ -135,19 +135,21 @@ def _reused(kind: str, t: Tensor, compute, scale=None):
     return result
 
 
-def _forward_gemm(x2: Tensor, weight: Tensor, bias, scaling: str, out_dtype,
-                  fast_accum: bool = False, shared: bool = True) -> tuple:
+def _forward_gemm(x2: Tensor, weight: Tensor | None, bias, scaling: str, out_dtype,
+                  fast_accum: bool = False, shared: bool = True, weight_q=None) -> tuple:
     """``x2 @ weight^T (+ bias)`` on freshly quantized e4m3 operands (per row of ``x2`` and per
     output channel of the weight for rowwise, one scale each for tensorwise): ``(y, scales)``
     with ``scales`` what the backward casts ``x2`` and the weight with again (tensorwise: the two
     one-element scales; rowwise: nothing, its backward scales along other axes). ``fast_accum``:
     :attr:`Fp8Recipe.fast_accum_forward`. ``shared``:
     ``x2`` may be the input of the next FP8 layer too (:func:`_reused`); False for an input no
-    other layer reads, which the reuse entry would otherwise keep alive."""
+    other layer reads, which the reuse entry would otherwise keep alive. ``weight_q``: the
+    weight's ``(data, scale)`` already quantized (then ``weight`` is not read)."""
     axis = "row" if scaling == "rowwise" else "tensor"
     quantize = lambda: ops.fp8_quantize(x2, "e4m3", axis)  # noqa: E731
     xq, xs = _reused(f"x {axis}", x2, quantize) if shared else quantize()
-    wq, ws = ops.fp8_quantize(weight, "e4m3", axis)  # [N, K], scales [N, 1] or one
+    # [N, K], scales [N, 1] or one
+    wq, ws = weight_q if weight_q is not None else ops.fp8_quantize(weight, "e4m3", axis)
     b = None if bias is None else bias.to(out_dtype)
     y = ops.fp8_scaled_mm(xq, wq.t(), xs, _transposed_scale(ws), b, out_dtype, fast_accum)
     return y, (() if scaling == "rowwise" else (xs, ws))
@@ -178,11 +180,11 @@ def _transposed_operand(t: Tensor, scale) -> tuple[Tensor, Tensor]:
     return ops.fp8_cast(t, scale, "e4m3", True), scale
 
 
-def _dgrad(grad: tuple, weight: Tensor, weight_scale, out_dtype) -> Tensor:
+def _dgrad(grad: tuple, weight: Tensor | None, weight_scale, out_dtype, weight_t=None) -> Tensor:
     """``dX = dY W``: ``grad`` from :func:`_grad_operands`, B = W column-major (``W^T`` [K, N]
-    quantized by rows, transposed back)."""
+    quantized by rows, transposed back; ``weight_t``: that operand already made)."""
     gq, gs = grad
-    wt, wts = _transposed_operand(weight, weight_scale)
+    wt, wts = weight_t if weight_t is not None else _transposed_operand(weight, weight_scale)
     return ops.fp8_scaled_mm(gq, wt.t(), gs, _transposed_scale(wts), None, out_dtype)
 
 
@@ -258,6 +260,53 @@ def _gate_up_weight(gate: Tensor, up: Tensor) -> Tensor:
     return torch.cat((gate, up))
 
 
+@torch.library.custom_op("cutlass_nn::_fp8_quantize_gate_up", mutates_args=())
+def _fp8_quantize_gate_up(gate: Tensor, up: Tensor, axis: str, transpose: bool) -> tuple[Tensor, Tensor]:
+    """:func:`cutlass_nn.ops.fp8_quantize` of ``[gate; up]`` (e4m3) as one operator: what a
+    traced FP8 gated MLP calls, so that the storages are compared when it runs (the packed
+    weight read in place) instead of concatenated in the graph."""
+    return ops.fp8_quantize(_gate_up_weight(gate, up), "e4m3", axis, transpose)
+
+
+@_fp8_quantize_gate_up.register_fake
+def _(gate, up, axis, transpose):
+    rows, cols = 2 * gate.shape[0], gate.shape[1]
+    shape = {"tensor": (), "row": (rows, 1), "column": (1, cols)}[axis]
+    data_shape = (cols, rows) if transpose else (rows, cols)
+    return (gate.new_empty(data_shape, dtype=torch.float8_e4m3fn),
+            gate.new_empty(shape[::-1] if transpose else shape, dtype=torch.float32))
+
+
+@torch.library.custom_op("cutlass_nn::_fp8_cast_gate_up", mutates_args=())
+def _fp8_cast_gate_up(gate: Tensor, up: Tensor, scale: Tensor, transpose: bool) -> Tensor:
+    """:func:`cutlass_nn.ops.fp8_cast` of ``[gate; up]`` (e4m3) as one operator (see
+    :func:`_fp8_quantize_gate_up`)."""
+    return ops.fp8_cast(_gate_up_weight(gate, up), scale, "e4m3", transpose)
+
+
+@_fp8_cast_gate_up.register_fake
+def _(gate, up, scale, transpose):
+    rows, cols = 2 * gate.shape[0], gate.shape[1]
+    return gate.new_empty((cols, rows) if transpose else (rows, cols), dtype=torch.float8_e4m3fn)
+
+
+def _quantize_gate_up(gate: Tensor, up: Tensor, axis: str) -> tuple[Tensor, Tensor]:
+    """The forward's quantized ``[gate; up]``: directly in eager mode, through one operator
+    while tracing (no concatenation in the graph)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.cutlass_nn._fp8_quantize_gate_up(gate, up, axis, False)
+    return ops.fp8_quantize(_gate_up_weight(gate, up), "e4m3", axis)
+
+
+def _transposed_gate_up(gate: Tensor, up: Tensor, scale) -> tuple[Tensor, Tensor]:
+    """:func:`_transposed_operand` of ``[gate; up]``, through one operator while tracing."""
+    if not torch.compiler.is_compiling():
+        return _transposed_operand(_gate_up_weight(gate, up), scale)
+    if scale is None:
+        return torch.ops.cutlass_nn._fp8_quantize_gate_up(gate, up, "column", True)
+    return torch.ops.cutlass_nn._fp8_cast_gate_up(gate, up, scale, True), scale
+
+
 class _Fp8GatedMlp(torch.autograd.Function):
     """``apply(x, gate_w, up_w, down_w, gate_b, up_b, down_b, activation, scaling, grad_format,
     fast_accum, out_dtype)``: ``down(act(gate(x)) * up(x))`` with the gate and up projections as one FP8
@@ -275,8 +324,10 @@ class _Fp8GatedMlp(torch.autograd.Function):
         k = gate_w.shape[1]
         x2 = x.reshape(-1, k)
         gate_up_b = None if gate_b is None else torch.cat((gate_b, up_b))
-        gate_up, scales_gu = _forward_gemm(x2, _gate_up_weight(gate_w, up_w), gate_up_b,
-                                           scaling, out_dtype, fast_accum)
+        weight_q = _quantize_gate_up(gate_w, up_w, "row" if scaling == "rowwise" else "tensor")
+        gate_up, scales_gu = _forward_gemm(x2, None, gate_up_b, scaling, out_dtype, fast_accum,
+                                           weight_q=weight_q)
+        del weight_q
         hidden = ops.gated_act(gate_up, activation)
         # the hidden activation is not saved (the backward recomputes it): not kept for reuse
         y, scales_down = _forward_gemm(hidden, down_w, down_b, scaling, out_dtype, fast_accum,
@@ -322,9 +373,9 @@ class _Fp8GatedMlp(torch.autograd.Function):
         need_gu_w = need[1] or need[2]
         grad, grad_t = _grad_operands(grad_gate_up, scaling, fmt, need[0], need_gu_w)
         if need[0]:
-            gate_up_w = _gate_up_weight(gate_w, up_w)
-            grads[0] = _dgrad(grad, gate_up_w, gus, ctx.x_dtype).reshape(ctx.x_shape)
-            del gate_up_w
+            weight_t = _transposed_gate_up(gate_w, up_w, gus)
+            grads[0] = _dgrad(grad, None, gus, ctx.x_dtype, weight_t).reshape(ctx.x_shape)
+            del weight_t
         del grad
         if need_gu_w:
             grad_w = _wgrad(grad_t, x2, xs, gate_w.dtype)

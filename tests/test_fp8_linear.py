@@ -509,3 +509,31 @@ def test_gated_mlp_fp8_only_the_down_bias():
     names = [e.name for e in prof.events()]
     assert names.count("cutlass_nn::gated_act") == 1  # the forward's; none recomputed
     assert torch.equal(mlp.down_proj.bias.grad, torch.full((32,), 6.0, dtype=torch.bfloat16))
+
+
+def test_gated_mlp_fp8_traced_reads_the_packed_weight_through_one_operator():
+    """Under torch.compile the [gate; up] weight is quantized by one operator that compares the
+    storages when it runs (no concatenation in the graph), with results equal to eager."""
+    torch.manual_seed(13)
+    mlp = cutlass_nn.GatedMLP(32, 48, dtype=torch.bfloat16, precision="fp8")
+    graphs = []
+
+    def backend(gm, example_inputs):  # the graph and its subgraphs (the Function's bodies)
+        graphs.extend(m.code for m in gm.modules() if isinstance(m, torch.fx.GraphModule))
+        return gm.forward
+
+    x = torch.randn(8, 32, dtype=torch.bfloat16, requires_grad=True)
+    compiled = torch.compile(mlp, backend=backend, fullgraph=True)
+    y = compiled(x)
+    code = "\n".join(graphs)
+    assert "_fp8_quantize_gate_up" in code and "_fp8_cast_gate_up" in code, code
+    assert "cat" not in code, code
+    y.float().sum().backward()
+    grads = [p.grad.clone() for p in mlp.parameters()] + [x.grad.clone()]
+    mlp.zero_grad()
+    x.grad = None
+    eager = mlp(x)
+    eager.float().sum().backward()
+    assert torch.equal(y, eager)
+    for a, b in zip(grads, [p.grad for p in mlp.parameters()] + [x.grad]):
+        assert torch.equal(a, b)
