@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from cutlass_nn import fp8_reference as R
 from cutlass_nn import ops
 from cutlass_nn.fp8_reference import Fp8Recipe
 
@@ -135,6 +136,37 @@ def _reused(kind: str, t: Tensor, compute, scale=None):
     return result
 
 
+# The quantization steps. Eager: cutlass_nn's operators. While tracing (torch.compile): the same
+# arithmetic in torch operations (fp8_reference.quantize_unchecked / cast_with_scale, which the
+# CPU backend of the operators is), so that inductor fuses the maximum and the cast with the
+# kernels around them, as it cannot do with an opaque operator.
+
+
+def _quantize(x: Tensor, fmt: str, axis: str, transpose: bool = False) -> tuple[Tensor, Tensor]:
+    """:func:`cutlass_nn.ops.fp8_quantize` (see the note above)."""
+    if not torch.compiler.is_compiling():
+        return ops.fp8_quantize(x, fmt, axis, transpose)
+    data, scale = R.quantize_unchecked(x, fmt, {"tensor": None, "row": 1, "column": 0}[axis])
+    if transpose:
+        return data.t().contiguous(), _transposed_scale(scale)
+    return data, scale
+
+
+def _quantize_both(x: Tensor, fmt: str) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`cutlass_nn.ops.fp8_quantize_both` with one scale (see the note above)."""
+    if not torch.compiler.is_compiling():
+        return ops.fp8_quantize_both(x, fmt, "tensor")
+    data, scale = R.quantize_unchecked(x, fmt, None)
+    return data, data.t().contiguous(), scale
+
+
+def _cast_transposed(x: Tensor, scale: Tensor) -> Tensor:
+    """:func:`cutlass_nn.ops.fp8_cast` (e4m3, transposed; see the note above)."""
+    if not torch.compiler.is_compiling():
+        return ops.fp8_cast(x, scale, "e4m3", True)
+    return R.cast_with_scale(x, scale, "e4m3").t().contiguous()
+
+
 def _forward_gemm(x2: Tensor, weight: Tensor | None, bias, scaling: str, out_dtype,
                   fast_accum: bool = False, shared: bool = True, weight_q=None) -> tuple:
     """``x2 @ weight^T (+ bias)`` on freshly quantized e4m3 operands (per row of ``x2`` and per
@@ -146,10 +178,10 @@ def _forward_gemm(x2: Tensor, weight: Tensor | None, bias, scaling: str, out_dty
     other layer reads, which the reuse entry would otherwise keep alive. ``weight_q``: the
     weight's ``(data, scale)`` already quantized (then ``weight`` is not read)."""
     axis = "row" if scaling == "rowwise" else "tensor"
-    quantize = lambda: ops.fp8_quantize(x2, "e4m3", axis)  # noqa: E731
+    quantize = lambda: _quantize(x2, "e4m3", axis)  # noqa: E731
     xq, xs = _reused(f"x {axis}", x2, quantize) if shared else quantize()
     # [N, K], scales [N, 1] or one
-    wq, ws = weight_q if weight_q is not None else ops.fp8_quantize(weight, "e4m3", axis)
+    wq, ws = weight_q if weight_q is not None else _quantize(weight, "e4m3", axis)
     b = None if bias is None else bias.to(out_dtype)
     y = ops.fp8_scaled_mm(xq, wq.t(), xs, _transposed_scale(ws), b, out_dtype, fast_accum)
     return y, (() if scaling == "rowwise" else (xs, ws))
@@ -162,11 +194,11 @@ def _grad_operands(g2: Tensor, scaling: str, fmt: str, for_dgrad: bool, for_wgra
     (rowwise: one scale per column); tensorwise, both come from one maximum and one cast
     (:func:`cutlass_nn.ops.fp8_quantize_both`)."""
     if scaling != "rowwise" and for_dgrad and for_wgrad:
-        gq, gt, gs = ops.fp8_quantize_both(g2, fmt, "tensor")
+        gq, gt, gs = _quantize_both(g2, fmt)
         return (gq, gs), (gt, gs)
     rowwise = scaling == "rowwise"
-    dgrad = ops.fp8_quantize(g2, fmt, "row" if rowwise else "tensor") if for_dgrad else None
-    wgrad = (ops.fp8_quantize(g2, fmt, "column" if rowwise else "tensor", True)
+    dgrad = _quantize(g2, fmt, "row" if rowwise else "tensor") if for_dgrad else None
+    wgrad = (_quantize(g2, fmt, "column" if rowwise else "tensor", True)
              if for_wgrad else None)
     return dgrad, wgrad
 
@@ -176,8 +208,8 @@ def _transposed_operand(t: Tensor, scale) -> tuple[Tensor, Tensor]:
     (tensorwise: the same maximum, so no second pass for it), else quantized per column of
     ``t`` (rowwise: per input channel, an axis the forward did not scale along)."""
     if scale is None:
-        return ops.fp8_quantize(t, "e4m3", "column", True)
-    return ops.fp8_cast(t, scale, "e4m3", True), scale
+        return _quantize(t, "e4m3", "column", True)
+    return _cast_transposed(t, scale), scale
 
 
 def _dgrad(grad: tuple, weight: Tensor | None, weight_scale, out_dtype, weight_t=None) -> Tensor:
