@@ -167,21 +167,24 @@ def _cast_transposed(x: Tensor, scale: Tensor) -> Tensor:
     return R.cast_with_scale(x, scale, "e4m3").t().contiguous()
 
 
-def _forward_gemm(x2: Tensor, weight: Tensor | None, bias, scaling: str, out_dtype,
-                  fast_accum: bool = False, shared: bool = True, weight_q=None) -> tuple:
-    """``x2 @ weight^T (+ bias)`` on freshly quantized e4m3 operands (per row of ``x2`` and per
-    output channel of the weight for rowwise, one scale each for tensorwise): ``(y, scales)``
-    with ``scales`` what the backward casts ``x2`` and the weight with again (tensorwise: the two
-    one-element scales; rowwise: nothing, its backward scales along other axes). ``fast_accum``:
-    :attr:`Fp8Recipe.fast_accum_forward`. ``shared``:
+def _forward_axis(scaling: str) -> str:
+    """The axis the forward scales x and the weight along: per row (rowwise) or one scale."""
+    return "row" if scaling == "rowwise" else "tensor"
+
+
+def _forward_gemm(x2: Tensor, weight_q: tuple, bias, scaling: str, out_dtype,
+                  fast_accum: bool = False, shared: bool = True) -> tuple:
+    """``x2 @ W^T (+ bias)`` with ``x2`` freshly quantized (e4m3, per row for rowwise, one scale
+    for tensorwise) and ``weight_q`` the weight's ``(data [N, K], scale)`` quantized along
+    :func:`_forward_axis`: ``(y, scales)`` with ``scales`` what the backward casts ``x2`` and the
+    weight with again (tensorwise: the two one-element scales; rowwise: nothing, its backward
+    scales along other axes). ``fast_accum``: :attr:`Fp8Recipe.fast_accum_forward`. ``shared``:
     ``x2`` may be the input of the next FP8 layer too (:func:`_reused`); False for an input no
-    other layer reads, which the reuse entry would otherwise keep alive. ``weight_q``: the
-    weight's ``(data, scale)`` already quantized (then ``weight`` is not read)."""
-    axis = "row" if scaling == "rowwise" else "tensor"
+    other layer reads, which the reuse entry would otherwise keep alive."""
+    axis = _forward_axis(scaling)
     quantize = lambda: _quantize(x2, "e4m3", axis)  # noqa: E731
     xq, xs = _reused(f"x {axis}", x2, quantize) if shared else quantize()
-    # [N, K], scales [N, 1] or one
-    wq, ws = weight_q if weight_q is not None else _quantize(weight, "e4m3", axis)
+    wq, ws = weight_q
     b = None if bias is None else bias.to(out_dtype)
     y = ops.fp8_scaled_mm(xq, wq.t(), xs, _transposed_scale(ws), b, out_dtype, fast_accum)
     return y, (() if scaling == "rowwise" else (xs, ws))
@@ -212,11 +215,12 @@ def _transposed_operand(t: Tensor, scale) -> tuple[Tensor, Tensor]:
     return _cast_transposed(t, scale), scale
 
 
-def _dgrad(grad: tuple, weight: Tensor | None, weight_scale, out_dtype, weight_t=None) -> Tensor:
-    """``dX = dY W``: ``grad`` from :func:`_grad_operands`, B = W column-major (``W^T`` [K, N]
-    quantized by rows, transposed back; ``weight_t``: that operand already made)."""
+def _dgrad(grad: tuple, weight_t: tuple, out_dtype) -> Tensor:
+    """``dX = dY W``: ``grad`` from :func:`_grad_operands`, B = W column-major: ``weight_t`` is
+    ``W^T`` [K, N] quantized by rows with its scale (:func:`_transposed_operand`), transposed
+    back here."""
     gq, gs = grad
-    wt, wts = weight_t if weight_t is not None else _transposed_operand(weight, weight_scale)
+    wt, wts = weight_t
     return ops.fp8_scaled_mm(gq, wt.t(), gs, _transposed_scale(wts), None, out_dtype)
 
 
@@ -245,7 +249,8 @@ class _Fp8Linear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, scaling, grad_format, fast_accum, out_dtype):
         n, k = weight.shape
         x2 = x.reshape(-1, k)
-        y, scales = _forward_gemm(x2, weight, bias, scaling, out_dtype, fast_accum)
+        weight_q = _quantize(weight, "e4m3", _forward_axis(scaling))
+        y, scales = _forward_gemm(x2, weight_q, bias, scaling, out_dtype, fast_accum)
         ctx.save_for_backward(x2, weight, *scales)
         ctx.scaling, ctx.grad_format = scaling, grad_format
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
@@ -264,7 +269,7 @@ class _Fp8Linear(torch.autograd.Function):
         dx = dw = db = None
         grad, grad_t = _grad_operands(g2, ctx.scaling, ctx.grad_format, need_x, need_w)
         if need_x:
-            dx = _dgrad(grad, weight, ws, ctx.x_dtype).reshape(ctx.x_shape)
+            dx = _dgrad(grad, _transposed_operand(weight, ws), ctx.x_dtype).reshape(ctx.x_shape)
         if need_w:
             dw = _wgrad(grad_t, x2, xs, ctx.weight_dtype)
         if need_b and ctx.bias_dtype is not None:
@@ -274,12 +279,12 @@ class _Fp8Linear(torch.autograd.Function):
 
 def _gate_up_weight(gate: Tensor, up: Tensor) -> Tensor:
     """``[gate; up]`` as one ``[2n, K]`` operand: a view where ``up`` directly follows ``gate``
-    in one storage (the layout :class:`cutlass_nn.GatedMLP` keeps), else a concatenated copy
-    (also while tracing, where storages cannot be compared)."""
+    in one storage (the layout :class:`cutlass_nn.GatedMLP` keeps), else a concatenated copy.
+    Eager only (storages cannot be compared while tracing: traced code reaches it through the
+    ``_fp8_*_gate_up`` operators, which run it on real tensors)."""
     n, k = gate.shape
     if (
-        not torch.compiler.is_compiling()
-        and type(gate) in (Tensor, torch.nn.Parameter)
+        type(gate) in (Tensor, torch.nn.Parameter)
         and type(up) in (Tensor, torch.nn.Parameter)
         and not gate.is_meta
         and gate.is_contiguous()
@@ -302,11 +307,9 @@ def _fp8_quantize_gate_up(gate: Tensor, up: Tensor, axis: str, transpose: bool) 
 
 @_fp8_quantize_gate_up.register_fake
 def _(gate, up, axis, transpose):
-    rows, cols = 2 * gate.shape[0], gate.shape[1]
-    shape = {"tensor": (), "row": (rows, 1), "column": (1, cols)}[axis]
-    data_shape = (cols, rows) if transpose else (rows, cols)
+    data_shape, scale_shape = ops._fp8_shapes(2 * gate.shape[0], gate.shape[1], axis, transpose)
     return (gate.new_empty(data_shape, dtype=torch.float8_e4m3fn),
-            gate.new_empty(shape[::-1] if transpose else shape, dtype=torch.float32))
+            gate.new_empty(scale_shape, dtype=torch.float32))
 
 
 @torch.library.custom_op("cutlass_nn::_fp8_cast_gate_up", mutates_args=())
@@ -318,8 +321,8 @@ def _fp8_cast_gate_up(gate: Tensor, up: Tensor, scale: Tensor, transpose: bool) 
 
 @_fp8_cast_gate_up.register_fake
 def _(gate, up, scale, transpose):
-    rows, cols = 2 * gate.shape[0], gate.shape[1]
-    return gate.new_empty((cols, rows) if transpose else (rows, cols), dtype=torch.float8_e4m3fn)
+    data_shape, _ = ops._fp8_shapes(2 * gate.shape[0], gate.shape[1], "tensor", transpose)
+    return gate.new_empty(data_shape, dtype=torch.float8_e4m3fn)
 
 
 def _quantize_gate_up(gate: Tensor, up: Tensor, axis: str) -> tuple[Tensor, Tensor]:
@@ -356,14 +359,13 @@ class _Fp8GatedMlp(torch.autograd.Function):
         k = gate_w.shape[1]
         x2 = x.reshape(-1, k)
         gate_up_b = None if gate_b is None else torch.cat((gate_b, up_b))
-        weight_q = _quantize_gate_up(gate_w, up_w, "row" if scaling == "rowwise" else "tensor")
-        gate_up, scales_gu = _forward_gemm(x2, None, gate_up_b, scaling, out_dtype, fast_accum,
-                                           weight_q=weight_q)
-        del weight_q
+        axis = _forward_axis(scaling)
+        gate_up, scales_gu = _forward_gemm(x2, _quantize_gate_up(gate_w, up_w, axis), gate_up_b,
+                                           scaling, out_dtype, fast_accum)
         hidden = ops.gated_act(gate_up, activation)
         # the hidden activation is not saved (the backward recomputes it): not kept for reuse
-        y, scales_down = _forward_gemm(hidden, down_w, down_b, scaling, out_dtype, fast_accum,
-                                       shared=False)
+        y, scales_down = _forward_gemm(hidden, _quantize(down_w, "e4m3", axis), down_b, scaling,
+                                       out_dtype, fast_accum, shared=False)
         ctx.save_for_backward(x2, gate_w, up_w, down_w, gate_up, *scales_gu, *scales_down)
         ctx.activation, ctx.scaling, ctx.grad_format = activation, scaling, grad_format
         ctx.x_shape, ctx.x_dtype, ctx.out_dtype = x.shape, x.dtype, out_dtype
@@ -386,7 +388,7 @@ class _Fp8GatedMlp(torch.autograd.Function):
 
         grad, grad_t = _grad_operands(g2, scaling, fmt, need_gu_side, need[3])
         if need_gu_side:
-            grad_hidden = _dgrad(grad, down_w, ds, ctx.out_dtype)
+            grad_hidden = _dgrad(grad, _transposed_operand(down_w, ds), ctx.out_dtype)
             grad_gate_up, hidden = ops.gated_act_backward(grad_hidden, gate_up, ctx.activation)
             del grad_hidden
         elif need[3]:
@@ -406,7 +408,7 @@ class _Fp8GatedMlp(torch.autograd.Function):
         grad, grad_t = _grad_operands(grad_gate_up, scaling, fmt, need[0], need_gu_w)
         if need[0]:
             weight_t = _transposed_gate_up(gate_w, up_w, gus)
-            grads[0] = _dgrad(grad, None, gus, ctx.x_dtype, weight_t).reshape(ctx.x_shape)
+            grads[0] = _dgrad(grad, weight_t, ctx.x_dtype).reshape(ctx.x_shape)
             del weight_t
         del grad
         if need_gu_w:

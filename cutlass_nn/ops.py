@@ -1015,28 +1015,33 @@ def _check_fp8_quantize(op, x, format, axis):
            f'argument \'axis\' must be "tensor", "row" or "column", got "{axis}"')
 
 
-def _fp8_quantize_meta(op, x, format, axis):
-    """Checks of both quantize operators, then (float8 dtype, the untransposed scale shape)."""
-    _check_fp8_quantize(op, x, format, axis)
-    rows, cols = x.shape
-    dtype = torch.float8_e4m3fn if format == "e4m3" else torch.float8_e5m2
-    return dtype, {"tensor": (), "row": (rows, 1), "column": (1, cols)}[axis]
+def _fp8_shapes(rows: int, cols: int, axis: str, transpose: bool):
+    """(data shape, scale shape) of an FP8 quantization or cast of a [rows, cols] tensor along
+    ``axis``, transposed or not: what every FP8 fake returns."""
+    scale = {"tensor": (), "row": (rows, 1), "column": (1, cols)}[axis]
+    if transpose:
+        return (cols, rows), scale[::-1]
+    return (rows, cols), scale
+
+
+def _fp8_dtype(format: str) -> torch.dtype:
+    return torch.float8_e4m3fn if format == "e4m3" else torch.float8_e5m2
 
 
 @torch.library.register_fake("cutlass_nn::fp8_quantize_both")
 def _fp8_quantize_both_fake(x, format, axis):
-    dtype, shape = _fp8_quantize_meta("fp8_quantize_both", x, format, axis)
-    rows, cols = x.shape
+    _check_fp8_quantize("fp8_quantize_both", x, format, axis)
+    (rows, cols), scale = _fp8_shapes(*x.shape, axis, False)
+    dtype = _fp8_dtype(format)
     return (x.new_empty((rows, cols), dtype=dtype), x.new_empty((cols, rows), dtype=dtype),
-            x.new_empty(shape, dtype=torch.float32))
+            x.new_empty(scale, dtype=torch.float32))
 
 
 @torch.library.register_fake("cutlass_nn::fp8_quantize")
 def _fp8_quantize_fake(x, format, axis, transpose):
-    dtype, shape = _fp8_quantize_meta("fp8_quantize", x, format, axis)
-    rows, cols = x.shape
-    data = x.new_empty((cols, rows) if transpose else (rows, cols), dtype=dtype)
-    return data, x.new_empty(shape[::-1] if transpose else shape, dtype=torch.float32)
+    _check_fp8_quantize("fp8_quantize", x, format, axis)
+    data, scale = _fp8_shapes(*x.shape, axis, transpose)
+    return x.new_empty(data, dtype=_fp8_dtype(format)), x.new_empty(scale, dtype=torch.float32)
 
 
 @torch.library.register_fake("cutlass_nn::fp8_cast")
@@ -1048,5 +1053,6 @@ def _fp8_cast_fake(x, scale, format, transpose):
            f"argument 'scale' must be a float32 tensor of shape [] or [1] (one value), [{rows}, 1] "
            f"(per row) or [1, {cols}] (per column), got a {_dtype_name(scale.dtype)} tensor of "
            f"shape {list(scale.shape)}")
-    dtype = torch.float8_e4m3fn if format == "e4m3" else torch.float8_e5m2
-    return x.new_empty((cols, rows) if transpose else (rows, cols), dtype=dtype)
+    _check(scale.device == x.device, "fp8_cast",
+           f"argument 'scale' must be on {x.device} (the device of 'x'), got {scale.device}")
+    return x.new_empty(_fp8_shapes(rows, cols, "tensor", transpose)[0], dtype=_fp8_dtype(format))

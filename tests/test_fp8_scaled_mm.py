@@ -330,3 +330,12 @@ def test_cast_errors_fake_and_opcheck():
             assert d.shape == ops.fp8_cast(x, scale, "e4m3", transpose).shape
             torch.library.opcheck(torch.ops.cutlass_nn.fp8_cast.default, (x, scale, "e4m3", transpose),
                                   test_utils=OPCHECK_UTILS)
+
+
+def test_fp8_cast_fake_checks_the_scale_device():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, 8, dtype=torch.bfloat16, device="meta")
+        with pytest.raises(RuntimeError, match="argument 'scale' must be on meta"):
+            torch.ops.cutlass_nn.fp8_cast(x, torch.ones((), device="cpu"), "e4m3", False)
