@@ -82,7 +82,7 @@ SHAPES = [(256, 512, 384), (1, 64, 16), (77, 200, 48), (130, 264, 1040), (1024, 
 
 
 @needs_sm90
-@pytest.mark.parametrize("config", [0, 1, 3, 4])
+@pytest.mark.parametrize("config", [0, 1, 3, 4, 5, 6, 7])
 @pytest.mark.parametrize("fmt_a", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("scaling", ["tensorwise", "rowwise", "mixed"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -100,7 +100,7 @@ def test_kernels_bf16(config, fmt_a, scaling, shape):
 
 
 @needs_sm90
-@pytest.mark.parametrize("config", [0, 3, 4])
+@pytest.mark.parametrize("config", [0, 3, 4, 5, 7])
 @pytest.mark.parametrize("swizzle", [2, 4, 8])
 @pytest.mark.parametrize("shape", [(1024, 1536, 512), (77, 200, 48), (640, 3072, 1024)],
                          ids=lambda s: "x".join(map(str, s)))
@@ -144,24 +144,63 @@ def test_fast_accumulation(shape):
     assert not cutlass_nn.ops._ops._last_kernel_name.default().endswith("_fastaccum")
 
 
+# The configurations on the mainloop with overlapped promotion (5, 6, 7) and their twins on
+# CUTLASS's promoted mainloop (0, 1, 3): the same tiles and the same arithmetic.
+OVERLAPPED_TWINS = {5: 0, 6: 1, 7: 3}
+
+
+@needs_sm90
+@pytest.mark.parametrize("config", sorted(OVERLAPPED_TWINS))
+@pytest.mark.parametrize("fmt_a", ["e4m3", "e5m2"])
+@pytest.mark.parametrize(
+    "shape",
+    # 1, 2, 3, 9 and 32 k-tiles of 128 (the mainloop's head, tail and two-tile loop, odd and
+    # even counts), a partial k-tile, a few-tile long K (stream-K splits it), odd sizes
+    [(256, 512, 128), (200, 136, 256), (77, 264, 384), (130, 264, 1040), (512, 1024, 4096),
+     (96, 128, 48), (256, 384, 8192)],
+    ids=lambda s: "x".join(map(str, s)),
+)
+def test_overlapped_promotion_bitwise_equal_to_cutlass_mainloop(config, fmt_a, shape):
+    """The overlapped mainloop sums each 128-deep k-tile on the tensor cores from zero and adds
+    it into a zeroed fp32 accumulator in k order, as CUTLASS's promoted mainloop does: the
+    outputs are bitwise equal, for every scaling and with bias."""
+    m, n, k = shape
+    for scaling in ("tensorwise", "rowwise"):
+        a, sa, b, sb, bias = operands(m, n, k, fmt_a, scaling, seed=7 * m + k,
+                                      bias_dtype=torch.bfloat16)
+        outs = {}
+        for c in (config, OVERLAPPED_TWINS[config]):
+            with ops.force_fp8_config(c):
+                outs[c] = ops.fp8_scaled_mm(a, b, sa, sb, bias, torch.bfloat16)
+            assert cutlass_nn.ops._ops._last_kernel_name.default().endswith(ops.fp8_configs()[c])
+        assert torch.equal(outs[config].view(torch.int16),
+                           outs[OVERLAPPED_TWINS[config]].view(torch.int16)), (config, scaling)
+        check(outs[config], reference64(a, sa, b, sb, bias), tolerance(torch.bfloat16),
+              f"config {config} {shape} {scaling}")
+
+
 @needs_sm90
 def test_rule_picks_by_tile_count():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    last = cutlass_nn.ops._ops._last_kernel_name.default
     a, sa, b, sb, _ = operands(256, 256, 128)
     ops.fp8_scaled_mm(a, b, sa, sb)
-    assert "pingpong" in cutlass_nn.ops._ops._last_kernel_name.default()
+    assert last().endswith("64x128x128_1x1x1_pingpong_overlap"), last()
     side = 128 * (int(sms**0.5) + 1)
     a, sa, b, sb, _ = operands(side, side, 128)
     ops.fp8_scaled_mm(a, b, sa, sb)
-    assert cutlass_nn.ops._ops._last_kernel_name.default().endswith("128x128x128_2x1x1_coop")
-    # a full wave of 128x192 tiles: the wider tile
+    assert last().endswith("128x128x128_2x1x1_coop_overlap"), last()
+    # a full wave of 128x192 tiles: still the 128x128 tile with overlapped promotion
     a, sa, b, sb, _ = operands(128 * sms, 192, 128)
     ops.fp8_scaled_mm(a, b, sa, sb)
-    assert cutlass_nn.ops._ops._last_kernel_name.default().endswith("128x192x128_2x1x1_coop")
+    assert last().endswith("128x128x128_2x1x1_coop_overlap"), last()
     # few tiles over a long K: stream-K
     a, sa, b, sb, _ = operands(512, 3584, 8192)
     ops.fp8_scaled_mm(a, b, sa, sb)
-    assert cutlass_nn.ops._ops._last_kernel_name.default().endswith("_streamk")
+    assert last().endswith("_overlap_streamk"), last()
+    # float32 outputs: configuration 0
+    ops.fp8_scaled_mm(a, b, sa, sb, None, torch.float32)
+    assert last().endswith("f32_128x128x128_2x1x1_coop"), last()
 
 
 @needs_sm90

@@ -131,6 +131,23 @@ at::Tensor fp8_scaled_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at
   return out;
 }
 
+// What every cast of the contiguous 2-D x into `data` shares (fp8_quantize, fp8_quantize_both,
+// fp8_cast); the callers add the scale (computed or given) and the second layout.
+kernels::Fp8QuantizeParams cast_params(const at::Tensor& x, c10::ScalarType fp8,
+                                       kernels::Fp8Axis axis, bool transpose, at::Tensor& data) {
+  kernels::Fp8QuantizeParams p;
+  p.x = x.data_ptr();
+  p.dtype_x = kernel_dtype(x.scalar_type());
+  p.rows = x.size(0);
+  p.cols = x.size(1);
+  p.format = fp8 == c10::kFloat8_e4m3fn ? kernels::Fp8Format::kE4M3 : kernels::Fp8Format::kE5M2;
+  p.axis = axis;
+  p.transpose = transpose;
+  p.data = data.data_ptr();
+  p.multiprocessors = device_info(x.get_device()).multiprocessors;
+  return p;
+}
+
 // One quantization of x; `data` laid out [cols, rows] with transpose, and with both also
 // `data_rows` [rows, cols] from the same cast (scale then untransposed).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize(const at::Tensor& x_in, c10::string_view format,
@@ -157,19 +174,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize(const at::Tensor& x_in, 
                                                                 : std::vector<int64_t>{1, cols};
   at::Tensor scale = empty_output(scale_shape, x.options().dtype(at::kFloat));
   at::Tensor amax = empty_output({std::max<int64_t>(count, 1)}, x.options().dtype(at::kInt));
-  kernels::Fp8QuantizeParams p;
-  p.x = x.data_ptr();
-  p.dtype_x = kernel_dtype(x.scalar_type());
-  p.rows = rows;
-  p.cols = cols;
-  p.format = fp8 == c10::kFloat8_e4m3fn ? kernels::Fp8Format::kE4M3 : kernels::Fp8Format::kE5M2;
-  p.axis = kaxis;
-  p.transpose = transpose;
-  p.data = data.data_ptr();
+  kernels::Fp8QuantizeParams p = cast_params(x, fp8, kaxis, transpose, data);
   p.data_rows = both ? data_rows.data_ptr() : nullptr;
   p.scale = scale.data_ptr<float>();
   p.amax = reinterpret_cast<uint32_t*>(amax.data_ptr<int32_t>());
-  p.multiprocessors = device_info(x.get_device()).multiprocessors;
   check_launch(both ? "fp8_quantize_both" : "fp8_quantize",
                kernels::launch_fp8_quantize(p, c10::cuda::getCurrentCUDAStream(x.get_device()).stream()),
                x);
@@ -202,17 +210,9 @@ at::Tensor fp8_cast_cuda(const at::Tensor& x_in, const at::Tensor& scale_in,
   // Nothing to cast; and an empty per-row scale has no storage, so the kernels (which take a
   // null given_scale for "compute the maximum first") must not see it.
   if (x.numel() == 0) return data;
-  kernels::Fp8QuantizeParams p;
-  p.x = x.data_ptr();
-  p.dtype_x = kernel_dtype(x.scalar_type());
-  p.rows = rows;
-  p.cols = cols;
-  p.format = fp8 == c10::kFloat8_e4m3fn ? kernels::Fp8Format::kE4M3 : kernels::Fp8Format::kE5M2;
-  p.axis = static_cast<kernels::Fp8Axis>(axis_code);
-  p.transpose = transpose;
-  p.data = data.data_ptr();
+  kernels::Fp8QuantizeParams p =
+      cast_params(x, fp8, static_cast<kernels::Fp8Axis>(axis_code), transpose, data);
   p.given_scale = scale.data_ptr<float>();
-  p.multiprocessors = device_info(x.get_device()).multiprocessors;
   check_launch("fp8_cast",
                kernels::launch_fp8_quantize(p, c10::cuda::getCurrentCUDAStream(x.get_device()).stream()),
                x);

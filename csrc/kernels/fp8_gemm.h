@@ -67,8 +67,10 @@ struct Fp8GemmParams {
 };
 
 // Number of FP8 tile configurations and the name of one (nullptr past the end). Configs 0, 1, 3
-// and 4 accumulate with promotion, config 2 without (fast accumulation).
-constexpr int kFp8ConfigCount = 5;
+// and 4 accumulate with promotion on CUTLASS's mainloop, 5, 6 and 7 (the tiles of 0, 1 and 3)
+// with the same promotion overlapped with the next k-tile's WGMMAs, config 2 without promotion
+// (fast accumulation).
+constexpr int kFp8ConfigCount = 8;
 const char* fp8_config_name(int config);
 
 // The configuration the per-shape rule picks (ignores params.config; honours fast_accum).

@@ -45,6 +45,24 @@ constexpr Fp8Kernel kKernels[] = {
      &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 4>},
     {Fp8Format::kE5M2, DType::kBFloat16, 4, "sm90_fp8_e5m2_e4m3_bf16_128x192x128_2x1x1_coop",
      &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 4>},
+    {Fp8Format::kE4M3, DType::kBFloat16, 5,
+     "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop_overlap",
+     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 5>},
+    {Fp8Format::kE5M2, DType::kBFloat16, 5,
+     "sm90_fp8_e5m2_e4m3_bf16_128x128x128_2x1x1_coop_overlap",
+     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 5>},
+    {Fp8Format::kE4M3, DType::kBFloat16, 6,
+     "sm90_fp8_e4m3_e4m3_bf16_64x128x128_1x1x1_pingpong_overlap",
+     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 6>},
+    {Fp8Format::kE5M2, DType::kBFloat16, 6,
+     "sm90_fp8_e5m2_e4m3_bf16_64x128x128_1x1x1_pingpong_overlap",
+     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 6>},
+    {Fp8Format::kE4M3, DType::kBFloat16, 7,
+     "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop_overlap_streamk",
+     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 7>},
+    {Fp8Format::kE5M2, DType::kBFloat16, 7,
+     "sm90_fp8_e5m2_e4m3_bf16_128x128x128_2x1x1_coop_overlap_streamk",
+     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 7>},
     {Fp8Format::kE4M3, DType::kFloat32, 0, "sm90_fp8_e4m3_e4m3_f32_128x128x128_2x1x1_coop",
      &fp8_gemm_launch<Fp8Format::kE4M3, DType::kFloat32, 0>},
     {Fp8Format::kE5M2, DType::kFloat32, 0, "sm90_fp8_e5m2_e4m3_f32_128x128x128_2x1x1_coop",
@@ -54,7 +72,9 @@ constexpr Fp8Kernel kKernels[] = {
 
 constexpr const char* kConfigNames[kFp8ConfigCount] = {
     "128x128x128_2x1x1_coop", "64x128x128_1x1x1_pingpong", "128x256x128_2x1x1_coop_fastaccum",
-    "128x128x128_2x1x1_coop_streamk", "128x192x128_2x1x1_coop"};
+    "128x128x128_2x1x1_coop_streamk", "128x192x128_2x1x1_coop",
+    "128x128x128_2x1x1_coop_overlap", "64x128x128_1x1x1_pingpong_overlap",
+    "128x128x128_2x1x1_coop_overlap_streamk"};
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -98,21 +118,21 @@ const char* fp8_config_name(int config) {
 
 // The per-shape rule: under 1.5 waves of 128x128 tiles with K at least 32 times the tile's
 // height (512 x 3584 x 18944: 112 tiles over K = 18944), stream-K splits K across the SMs
-// (config 3); else 64x128 ping-pong tiles while 128x128 tiles would not fill every SM once (twice
-// the tiles, each consumer warpgroup on its own), else 128x192 tiles where they make at least a
-// wave (config 4), else 128x128 cooperative tiles. Config 2 (fast
-// accumulation) changes the arithmetic: it runs only where the caller allows it (fast_accum), for
-// the formats it is compiled for. Float32 outputs have configuration 0 only.
+// (config 7); else 64x128 ping-pong tiles while 128x128 tiles would not fill every SM once (twice
+// the tiles, each consumer warpgroup on its own; config 6), else 128x128 cooperative tiles
+// (config 5). All three on the mainloop whose promotions overlap the next k-tile's tensor-core
+// work (configs 0, 1 and 3 are the same tiles on CUTLASS's mainloop, which waits for the tensor
+// cores before each promotion; config 4, 128x192 on that mainloop, is kept for sweeps). Config 2
+// (fast accumulation) changes the arithmetic: it runs only where the caller allows it
+// (fast_accum), for the formats it is compiled for. Float32 outputs have configuration 0 only.
 int choose_fp8_config(const Fp8GemmParams& p) {
   if (p.fast_accum && p.format_a == Fp8Format::kE4M3 && p.dtype_d == DType::kBFloat16) return 2;
   if (p.dtype_d == DType::kFloat32) return 0;
   const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   const int64_t tiles = ceil_div(p.m, 128) * ceil_div(p.n, 128);
-  if (tiles * 2 < sms * 3 && p.k >= 4096) return 3;
-  if (tiles < sms) return 1;
-  // At least a full wave of 128x192 tiles: the wider tile (config 4).
-  if (ceil_div(p.m, 128) * ceil_div(p.n, 192) >= sms) return 4;
-  return 0;
+  if (tiles * 2 < sms * 3 && p.k >= 4096) return 7;
+  if (tiles < sms) return 6;
+  return 5;
 }
 
 // No swizzle until a sweep shows one pays (benchmarks/NOTES.md, FP8).

@@ -9,10 +9,12 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
 #include "cutlass/float8.h"
 #include "fp8_gemm.h"
+#include "fp8_overlapped_promotion.cuh"
 #include "gemm_sm90.cuh"  // detail::run_cutlass3 (the launch without per-call attribute calls)
 
 namespace cutlass_nn {
@@ -35,6 +37,7 @@ struct Fp8TileConfig<0> {
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
+  static constexpr bool kOverlappedPromotion = false;
 };
 
 // 1: 64x128 tile, no cluster, ping-pong (the two consumer warpgroups alternate tiles, one's
@@ -47,6 +50,7 @@ struct Fp8TileConfig<1> {
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
+  static constexpr bool kOverlappedPromotion = false;
 };
 
 // 2: 128x256 tile, 2-CTA cluster along M, cooperative, fast accumulation (WGMMA's own FP8
@@ -58,6 +62,7 @@ struct Fp8TileConfig<2> {
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
+  static constexpr bool kOverlappedPromotion = false;
 };
 
 // 3: config 0 with the stream-K scheduler: a long K over few output tiles (512 tokens through
@@ -74,6 +79,22 @@ struct Fp8TileConfig<3> : Fp8TileConfig<0> {
 template <>
 struct Fp8TileConfig<4> : Fp8TileConfig<0> {
   using TileShape = cute::Shape<cute::_128, cute::_192, cute::_128>;
+};
+
+// 5, 6, 7: configurations 0, 1 and 3 on the mainloop whose promotions overlap the next k-tile's
+// WGMMAs (fp8_overlapped_promotion.cuh): the same arithmetic, a third 64x128 register buffer per
+// consumer thread (3 x 64 accumulator registers).
+template <>
+struct Fp8TileConfig<5> : Fp8TileConfig<0> {
+  static constexpr bool kOverlappedPromotion = true;
+};
+template <>
+struct Fp8TileConfig<6> : Fp8TileConfig<1> {
+  static constexpr bool kOverlappedPromotion = true;
+};
+template <>
+struct Fp8TileConfig<7> : Fp8TileConfig<3> {
+  static constexpr bool kOverlappedPromotion = true;
 };
 
 template <Fp8Format F>
@@ -125,13 +146,16 @@ struct Fp8Gemm {
       ElementD, cutlass::layout::RowMajor, kAlignmentD, typename Cfg::EpilogueSchedule,
       typename Fp8ScaledEpilogue<TileShape, ElementD>::Tree>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cutlass::layout::RowMajor,
       kAlignmentAB, ElementB, cutlass::layout::ColumnMajor, kAlignmentAB, float, TileShape,
       ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       typename Cfg::KernelSchedule>::CollectiveOp;
+  using CollectiveMainloop =
+      std::conditional_t<Cfg::kOverlappedPromotion, Fp8OverlappedPromotionMma<BuiltMainloop>,
+                         BuiltMainloop>;
 
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
