@@ -181,23 +181,22 @@ def test_overlapped_promotion_bitwise_equal_to_cutlass_mainloop(config, fmt_a, s
 
 @needs_sm90
 def test_rule_picks_by_tile_count():
+    """The per-shape rule (fp8_gemm_dispatch.cu, NOTES v0.20) by 128x128 tiles per SM (waves)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     last = cutlass_nn.ops._ops._last_kernel_name.default
-    a, sa, b, sb, _ = operands(256, 256, 128)
-    ops.fp8_scaled_mm(a, b, sa, sb)
-    assert last().endswith("64x128x128_1x1x1_pingpong_overlap"), last()
-    side = 128 * (int(sms**0.5) + 1)
-    a, sa, b, sb, _ = operands(side, side, 128)
-    ops.fp8_scaled_mm(a, b, sa, sb)
-    assert last().endswith("128x128x128_2x1x1_coop_overlap"), last()
-    # a full wave of 128x192 tiles: still the 128x128 tile with overlapped promotion
-    a, sa, b, sb, _ = operands(128 * sms, 192, 128)
-    ops.fp8_scaled_mm(a, b, sa, sb)
-    assert last().endswith("128x128x128_2x1x1_coop_overlap"), last()
-    # few tiles over a long K: stream-K
-    a, sa, b, sb, _ = operands(512, 3584, 8192)
-    ops.fp8_scaled_mm(a, b, sa, sb)
-    assert last().endswith("_overlap_streamk"), last()
+    cases = [  # (m, n, k, expected name ending)
+        (256, 256, 128, "64x128x128_1x1x1_pingpong_overlap"),  # under half a wave
+        (256, 256, 8192, "64x128x128_1x1x1_pingpong_overlap"),  # ... over any K
+        (128 * (sms * 3 // 4), 128, 128, "128x128x128_2x1x1_coop_overlap"),  # half to one wave
+        (128 * sms, 128, 4096, "128x128x128_2x1x1_coop_overlap_streamk"),  # 1-1.5 waves, long K
+        (128 * sms, 128, 1024, "64x128x128_1x1x1_pingpong_overlap"),  # 1-1.5 waves, short K
+        (256 * sms, 128, 1024, "128x128x128_2x1x1_coop_overlap"),  # from 1.5 waves
+        (256 * sms, 128, 512, "64x128x128_1x1x1_pingpong_overlap"),  # ... over K <= 512
+    ]
+    for m, n, k, expected in cases:
+        a, sa, b, sb, _ = operands(m, n, k)
+        ops.fp8_scaled_mm(a, b, sa, sb)
+        assert last().endswith(expected), (m, n, k, last())
     # float32 outputs: configuration 0
     ops.fp8_scaled_mm(a, b, sa, sb, None, torch.float32)
     assert last().endswith("f32_128x128x128_2x1x1_coop"), last()

@@ -116,23 +116,27 @@ const char* fp8_config_name(int config) {
   return config >= 0 && config < kFp8ConfigCount ? kConfigNames[config] : nullptr;
 }
 
-// The per-shape rule: under 1.5 waves of 128x128 tiles with K at least 32 times the tile's
-// height (512 x 3584 x 18944: 112 tiles over K = 18944), stream-K splits K across the SMs
-// (config 7); else 64x128 ping-pong tiles while 128x128 tiles would not fill every SM once (twice
-// the tiles, each consumer warpgroup on its own; config 6), else 128x128 cooperative tiles
-// (config 5). All three on the mainloop whose promotions overlap the next k-tile's tensor-core
-// work (configs 0, 1 and 3 are the same tiles on CUTLASS's mainloop, which waits for the tensor
-// cores before each promotion; config 4, 128x192 on that mainloop, is kept for sweeps). Config 2
-// (fast accumulation) changes the arithmetic: it runs only where the caller allows it
-// (fast_accum), for the formats it is compiled for. Float32 outputs have configuration 0 only.
+// The per-shape rule, from the sweep of configurations 5 / 6 / 7 over the transformer shape set
+// (benchmarks/NOTES.md v0.20; "waves" = 128x128 tiles per SM): under half a wave, 64x128
+// ping-pong tiles (config 6: twice the tiles, and each consumer warpgroup's epilogue overlaps the
+// other's mainloop); half a wave to one, 128x128 cooperative tiles (config 5); one to 1.5 waves,
+// stream-K over a long K (config 7: the last partial wave split along K) and ping-pong tiles
+// over a short one; from 1.5 waves, 128x128 cooperative tiles, but ping-pong over K <= 512 (short
+// mainloops, where the overlapped epilogue pays). All three on the mainloop whose promotions
+// overlap the next k-tile's tensor-core work; configs 0, 1 and 3 are the same tiles on CUTLASS's
+// mainloop, which waits for the tensor cores before each promotion, and config 4 (128x192 on it)
+// is kept for sweeps. Config 2 (fast accumulation) changes the arithmetic: it runs only where the
+// caller allows it (fast_accum), for the formats it is compiled for. Float32 outputs have
+// configuration 0 only.
 int choose_fp8_config(const Fp8GemmParams& p) {
   if (p.fast_accum && p.format_a == Fp8Format::kE4M3 && p.dtype_d == DType::kBFloat16) return 2;
   if (p.dtype_d == DType::kFloat32) return 0;
   const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   const int64_t tiles = ceil_div(p.m, 128) * ceil_div(p.n, 128);
-  if (tiles * 2 < sms * 3 && p.k >= 4096) return 7;
-  if (tiles < sms) return 6;
-  return 5;
+  if (tiles * 2 < sms) return 6;
+  if (tiles < sms) return 5;
+  if (tiles * 2 < sms * 3) return p.k >= 4096 ? 7 : 6;
+  return p.k <= 512 ? 6 : 5;
 }
 
 // No swizzle until a sweep shows one pays (benchmarks/NOTES.md, FP8).
