@@ -163,9 +163,26 @@ OVERLAPPED_TWINS = {5: 0, 6: 1, 7: 3}
 def test_overlapped_promotion_bitwise_equal_to_cutlass_mainloop(config, fmt_a, shape):
     """The overlapped mainloop sums each 128-deep k-tile on the tensor cores from zero and adds
     it into a zeroed fp32 accumulator in k order, as CUTLASS's promoted mainloop does: the
-    outputs are bitwise equal, for every scaling and with bias."""
+    outputs are bitwise equal, with tensorwise and rowwise scales and with bias."""
+    _check_twins(config, shape, fmt_a, ("tensorwise", "rowwise"))
+
+
+@needs_sm90
+@pytest.mark.parametrize("config", sorted(OVERLAPPED_TWINS))
+def test_overlapped_promotion_bitwise_equal_over_many_tiles(config):
+    """Shapes sized from the SM count, so that the persistent kernels run several tiles per CTA
+    (and both ping-pong warpgroups, the pipeline state carried from tile to tile after an odd
+    k-tile count), and stream-K splits K unevenly across work units that cross tile boundaries
+    (1.26 waves of tiles over 33 k-tiles)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    waves_5_4 = 2 * ((sms * 5 // 4 + 1) // 2)
+    shapes = {5: (256 * sms, 128, 1152), 6: (256 * sms, 128, 1152), 7: (128 * waves_5_4, 128, 4224)}
+    _check_twins(config, shapes[config], "e4m3", ("tensorwise", "mixed"))
+
+
+def _check_twins(config, shape, fmt_a, scalings):
     m, n, k = shape
-    for scaling in ("tensorwise", "rowwise"):
+    for scaling in scalings:
         a, sa, b, sb, bias = operands(m, n, k, fmt_a, scaling, seed=7 * m + k,
                                       bias_dtype=torch.bfloat16)
         outs = {}

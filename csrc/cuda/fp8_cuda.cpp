@@ -134,7 +134,7 @@ at::Tensor fp8_scaled_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at
 // What every cast of the contiguous 2-D x into `data` shares (fp8_quantize, fp8_quantize_both,
 // fp8_cast); the callers add the scale (computed or given) and the second layout.
 kernels::Fp8QuantizeParams cast_params(const at::Tensor& x, c10::ScalarType fp8,
-                                       kernels::Fp8Axis axis, bool transpose, at::Tensor& data) {
+                                       kernels::Fp8Axis axis, bool transpose, const at::Tensor& data) {
   kernels::Fp8QuantizeParams p;
   p.x = x.data_ptr();
   p.dtype_x = kernel_dtype(x.scalar_type());

@@ -39,13 +39,33 @@ struct Fp8OverlappedPromotionMma : Base {
 
   // mma_tail() releases the last K_PIPE_MMAS stages; this mma() releases all the others.
   static_assert(Base::K_PIPE_MMAS == 1, "mma() leaves exactly one stage to mma_tail()");
+  static_assert(cute::is_same_v<typename Base::DispatchPolicy,
+                                cutlass::gemm::MainloopSm90TmaGmmaWarpSpecializedFP8<
+                                    Base::DispatchPolicy::Stages,
+                                    typename Base::DispatchPolicy::ClusterShape,
+                                    typename Base::DispatchPolicy::Schedule>>,
+                "Base must be CUTLASS's promoted FP8 mainloop");
+
+  // WGMMAs per k-tile: mma() promotes once per k-tile, which is CUTLASS's arithmetic only with
+  // the promotion interval equal to this (its default, 4 = 128 / 32).
+  static constexpr int kMmasPerKTile =
+      cute::size<2>(typename Base::TileShape{}) / TiledMma().template tile_size_mnk<2>();
+
+  // Base's checks, and a promotion interval of one k-tile (a caller asking for another one would
+  // otherwise get this mainloop's every-k-tile promotion silently).
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& problem_shape,
+                            typename Base::Arguments const& args) {
+    return Base::can_implement(problem_shape, args) &&
+           args.mma_promotion_interval == static_cast<uint32_t>(kMmasPerKTile);
+  }
 
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read,
                           FrgTensorC& accum, int k_tile_count, int thread_idx,
                           TensorStorage& shared_tensors, Params const& mainloop_params) {
     using namespace cute;
-    (void)mainloop_params;  // promotion every k-tile (the interval CUTLASS's default gives)
+    (void)mainloop_params;  // promotion every k-tile (can_implement() requires that interval)
     static_assert(is_rmem<FrgTensorC>::value, "the accumulator must be in registers");
 
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
@@ -93,12 +113,13 @@ struct Fp8OverlappedPromotionMma : Base {
       warpgroup_fence_operand(accum);
     };
     // The previous k-tile's WGMMAs are done (at most the one just issued is in flight): its
-    // shared-memory stage goes back to the producer and its partial sum into the accumulator.
+    // shared-memory stage goes back to the producer (first, so that the next load starts before
+    // the adds) and its partial sum into the accumulator.
     auto retire = [&](auto& previous) {
       warpgroup_wait<1>();
-      promote(previous);
       pipeline.consumer_release(smem_pipe_release);
       ++smem_pipe_release;
+      promote(previous);
     };
 
     if (k_tile_count <= 0) return;
