@@ -41,6 +41,21 @@ def test_summary():
     assert list(s) == ["rowwise/fwd"]
     assert math.isclose(s["rowwise/fwd"]["geomean_ratio"], 1.0)
     assert s["rowwise/fwd"]["below_floor"] == 1 and s["rowwise/fwd"]["worst"] == 0.5
+    assert s["rowwise/fwd"]["configs"] == {}
+
+
+def test_summary_of_forced_configurations():
+    """With ``--configs``, each forced configuration's geomean of torch's time over its own."""
+    rows = [
+        {"op": "dgrad", "scaling": "tensorwise", "ratio": 1.0, "bf16_ratio": 1.0, "torch_ms": 1.0,
+         "config5_ms": 0.5, "config7s2_ms": 2.0},
+        {"op": "dgrad", "scaling": "tensorwise", "ratio": 1.0, "bf16_ratio": 1.0, "torch_ms": 4.0,
+         "config5_ms": 8.0, "config7s2_ms": 2.0},
+    ]
+    configs = fp8.summarize(rows)["tensorwise/dgrad"]["configs"]
+    assert math.isclose(configs["5"], 1.0) and math.isclose(configs["7s2"], 1.0)
+    rows[1]["config5_ms"] = 1.0
+    assert math.isclose(fp8.summarize(rows)["tensorwise/dgrad"]["configs"]["5"], 2.0 * 2.0 ** 0.5)
 
 
 def test_arguments():

@@ -264,7 +264,21 @@ def summarize(rows: list[dict]) -> dict:
                 "geomean_bf16_ratio": gm16,
                 "below_floor": sum(r["ratio"] < FLOOR for r in sel),
                 "worst": min(r["ratio"] for r in sel),
+                "configs": _config_geomeans(sel),
             }
+    return out
+
+
+def _config_geomeans(rows: list[dict]) -> dict[str, float]:
+    """For each configuration forced with ``--configs`` (the rows' ``config<N>_ms``), the geomean
+    of torch's time over its time, as ``ratio`` is for the rule's choice (a sweep's summary);
+    empty without ``--configs``."""
+    keys = sorted({k for r in rows for k in r if k.startswith("config") and k.endswith("_ms")})
+    out = {}
+    for key in keys:
+        ratios = [r["torch_ms"] / r[key] for r in rows if key in r and "torch_ms" in r]
+        if ratios:
+            out[key[len("config"):-len("_ms")]] = math.exp(sum(map(math.log, ratios)) / len(ratios))
     return out
 
 
@@ -305,7 +319,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"summary {key}: geomean {s['geomean_ratio']:.3f} vs torch._scaled_mm "
               f"(latency {'n/a' if lat is None else format(lat, '.3f')}), "
               f"{s['geomean_bf16_ratio']:.2f}x bf16, worst {s['worst']:.3f}, "
-              f"{s['below_floor']} of {s['rows']} below {FLOOR}")
+              f"{s['below_floor']} of {s['rows']} below {FLOOR}"
+              + "".join(f"; config {c} {g:.3f}" for c, g in s["configs"].items()))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"fp8_{bench._slug(meta)}_{bench._stamp()}.json"
     settings = vars(args) | {"out": str(args.out)}
