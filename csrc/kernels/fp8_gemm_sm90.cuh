@@ -23,13 +23,15 @@ namespace kernels {
 // Tile configurations of the FP8 kernels (index = Fp8GemmParams::config; names in
 // fp8_gemm_dispatch.cu). K-blocks are 128 deep (128 bytes of FP8 per row, one TMA box row).
 // With accumulation promoted every 128-deep block, each consumer thread holds two fp32
-// accumulators, so a consumer warpgroup's tile is at most 64x128 (64 + 64 registers); the
-// unpromoted ("fast accumulation") schedule allows 64x256 per warpgroup.
+// accumulators on CUTLASS's mainloop (a consumer warpgroup's tile at most 64x192: 96 + 96
+// registers) and three on the overlapped one (fp8_overlapped_promotion.cuh: at most 64x128,
+// 3 x 64 registers); the unpromoted ("fast accumulation") schedule allows 64x256 per warpgroup.
+// Which configuration runs where: choose_fp8_config (fp8_gemm_dispatch.cu).
 template <int Config>
 struct Fp8TileConfig;
 
 // 0: 128x128 tile, 2-CTA cluster along M, cooperative (each consumer warpgroup 64x128),
-// persistent, promoted accumulation: the default for problems of at least a wave of tiles.
+// persistent, promoted accumulation; also the float32-output kernel.
 template <>
 struct Fp8TileConfig<0> {
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
@@ -41,8 +43,7 @@ struct Fp8TileConfig<0> {
 };
 
 // 1: 64x128 tile, no cluster, ping-pong (the two consumer warpgroups alternate tiles, one's
-// epilogue overlapping the other's mainloop), persistent, promoted: twice config 0's tile count
-// for problems under a wave of 128x128 tiles.
+// epilogue overlapping the other's mainloop), persistent, promoted: twice config 0's tile count.
 template <>
 struct Fp8TileConfig<1> {
   using TileShape = cute::Shape<cute::_64, cute::_128, cute::_128>;
@@ -65,9 +66,9 @@ struct Fp8TileConfig<2> {
   static constexpr bool kOverlappedPromotion = false;
 };
 
-// 3: config 0 with the stream-K scheduler: a long K over few output tiles (512 tokens through
-// an 18944-wide down projection: 112 tiles of 128x128, K = 18944) is split across the SMs that
-// whole tiles would leave idle, the partial sums reduced in the workspace.
+// 3: config 0 with the stream-K scheduler: over a long K, the tiles of a last partial wave are
+// split along K across the SMs that whole tiles would leave idle, the partial sums reduced in the
+// workspace.
 template <>
 struct Fp8TileConfig<3> : Fp8TileConfig<0> {
   using TileScheduler = cutlass::gemm::StreamKScheduler;
