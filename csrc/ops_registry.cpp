@@ -89,6 +89,18 @@ static bool set_force_sm80(bool enable) {
 #endif
 }
 
+// Programmatic dependent launch of the SM90 GEMMs (csrc/kernels/launch_settings.h; initially on
+// unless CUTLASS_NN_PDL=0); returns the previous setting (false in the CPU flavor, which has no
+// such launches).
+static bool set_programmatic_launch(bool enable) {
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::set_programmatic_launch(enable);
+#else
+  (void)enable;
+  return false;
+#endif
+}
+
 // Force one SM90 tile configuration (index into gemm_configs(), -1 = the per-shape rule), a
 // tile-scheduler swizzle and a split-K factor for the stream-K configurations (0 = the rule's
 // choice); returns the previous [config, swizzle, splits]. For the benchmark's configuration
@@ -365,6 +377,7 @@ TORCH_LIBRARY(cutlass_nn, m) {
   m.def("build_info() -> str", &build_info);
   m.def("_autograd_keeps_graph() -> bool", &autograd_keeps_graph);
   m.def("_set_force_sm80(bool enable) -> bool", &set_force_sm80);
+  m.def("_set_programmatic_launch(bool enable) -> bool", &set_programmatic_launch);
   m.def("_last_kernel_name() -> str", &last_kernel_name);
   m.def("_set_gemm_config(int config, int swizzle, int splits=0) -> int[]", &set_gemm_config);
   m.def("_gemm_configs() -> str", &gemm_configs);

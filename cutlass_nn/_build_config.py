@@ -246,6 +246,10 @@ def extension_config(log: Log = log) -> ExtensionConfig:
         "-O3",
         "-std=c++17",
         "-DNDEBUG",  # CUTLASS kernels lose most of their speed with assertions compiled in
+        # CUTLASS's SM90 kernels then wait (griddepcontrol.wait) before their first global-memory
+        # access and signal their dependents early: required by the PDL launches
+        # (csrc/kernels/launch_settings.h), and the same in every unit (one kernel, one body).
+        "-DCUTLASS_ENABLE_GDC_FOR_SM90",
         "--expt-relaxed-constexpr",
         "--expt-extended-lambda",
         "-U__CUDA_NO_HALF_OPERATORS__",

@@ -853,6 +853,33 @@ def force_sm80_kernels(enable: bool = True) -> Iterator[None]:
         _ops._set_force_sm80(previous)
 
 
+@contextlib.contextmanager
+def programmatic_launch(enable: bool = True) -> Iterator[None]:
+    """Within the block, the SM90 GEMMs are (``True``) or are not (``False``) launched with
+    programmatic dependent launch (PDL).
+
+    With PDL, a GEMM that follows another of our SM90 GEMMs in the stream starts its prologue on
+    the SMs the first one frees and waits on the GPU (``griddepcontrol.wait``) for it to finish
+    before touching memory: same results, less idle time between the two kernels. On by default
+    (``CUTLASS_NN_PDL=0`` turns it off from the start). Process-wide (not per thread); a no-op in
+    the CPU flavor. Not for use inside a ``torch.compile``-d function; a captured CUDA graph keeps
+    the setting its launches were captured with.
+    """
+    previous = _ops._set_programmatic_launch(bool(enable))
+    try:
+        yield
+    finally:
+        _ops._set_programmatic_launch(previous)
+
+
+def programmatic_launch_enabled() -> bool:
+    """Whether the SM90 GEMMs are launched with programmatic dependent launch now (always
+    ``False`` in the CPU flavor)."""
+    current = _ops._set_programmatic_launch(True)
+    _ops._set_programmatic_launch(current)
+    return current
+
+
 def last_kernel_name() -> str:
     """Name of the GEMM kernel that the last cutlass_nn GEMM ran ("" if none).
 

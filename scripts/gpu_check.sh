@@ -51,9 +51,9 @@ if [ "${SELFTESTS:-0}" = 1 ]; then
     name=$(basename "$src" .cu)
     deps="csrc/kernels/elementwise.cu"
     case "$name" in
-      gemm_*) deps="csrc/kernels/gemm_dispatch.cu csrc/kernels/generated/*.cu" ;;
+      gemm_*) deps="csrc/kernels/gemm_dispatch.cu csrc/kernels/launch_settings.cu csrc/kernels/generated/*.cu" ;;
     esac
-    nvcc -std=c++17 -O3 -DNDEBUG -DCUTLASS_NN_HAS_SM90 --expt-relaxed-constexpr \
+    nvcc -std=c++17 -O3 -DNDEBUG -DCUTLASS_NN_HAS_SM90 -DCUTLASS_ENABLE_GDC_FOR_SM90 --expt-relaxed-constexpr \
       -gencode=arch=compute_90a,code=sm_90a -Icsrc/kernels \
       -I"$CUTLASS_INC/include" -I"$CUTLASS_INC/tools/util/include" \
       $deps "$src" -o "/tmp/$name" >> "$selftest_log" 2>&1 &

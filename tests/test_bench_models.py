@@ -163,6 +163,35 @@ def test_converted_model_runs_cutlass_ops():
     assert {"cutlass_nn::linear", "cutlass_nn::linear_dgrad", "cutlass_nn::linear_wgrad"} <= names
 
 
+def test_pdl_ab_side_runs_its_steps_with_pdl_off(monkeypatch):
+    """--pdl-ab: a third side, the converted model again, whose warm-up and timed steps all run
+    inside programmatic_launch(False) (recorded here by a stand-in switch); the row reports its
+    ratio and the PDL speed-up."""
+    import contextlib
+
+    states = []
+
+    @contextlib.contextmanager
+    def switch(enable=True):
+        states.append(enable)
+        yield
+
+    monkeypatch.setattr(bench_models.cutlass_nn.ops, "programmatic_launch", switch)
+    row = bench_models.run_row(
+        bench_models.RowSpec("gpt", "host", "eager"),
+        steps=4, block=2, warmup=2, device="cpu", dtype=torch.float32, sizes=TINY, pdl_ab=True,
+    )
+    assert row["status"] == "ok", row.get("traceback")
+    no_pdl = row[bench_models.NO_PDL_SIDE]
+    assert no_pdl["ran_cutlass_ops"] and len(no_pdl["losses"]) == 4
+    assert no_pdl["loss"]["agree"]
+    # 2 warm-up steps (the first profiled) + 4 timed, each inside the switch set to False
+    assert states == [False] * 6
+    assert row["pdl_speedup"] == pytest.approx(no_pdl["step_ms"] / row["cutlass_nn"]["step_ms"])
+    assert row["ratio_no_pdl"] == pytest.approx(row["stock"]["step_ms"] / no_pdl["step_ms"])
+    assert bench_models.parse_args(["--pdl-ab"]).pdl_ab
+
+
 def test_sides_alternate_blocks():
     """run_sides times the sides in alternating blocks (who goes first alternates each round)
     and gives each side the same batch sequence."""

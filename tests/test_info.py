@@ -52,6 +52,25 @@ def test_build_info():
     assert info["torch_version"].split("+")[0] == torch.__version__.split("+")[0]
 
 
+def test_programmatic_launch_switch():
+    """The PDL switch of the SM90 GEMMs: on by default in the CUDA flavor (unless
+    CUTLASS_NN_PDL=0), never in the CPU flavor; the context manager restores the setting."""
+    import os
+
+    ops = cutlass_nn.ops
+    before = ops.programmatic_launch_enabled()
+    if cutlass_nn.build_info()["flavor"] == "cpu":
+        assert before is False
+    else:
+        assert before is (os.environ.get("CUTLASS_NN_PDL") != "0")
+    with ops.programmatic_launch(False):
+        assert ops.programmatic_launch_enabled() is False
+    assert ops.programmatic_launch_enabled() is before
+    with ops.programmatic_launch(True):
+        assert ops.programmatic_launch_enabled() is (cutlass_nn.build_info()["flavor"] == "cuda")
+    assert ops.programmatic_launch_enabled() is before
+
+
 def test_version():
     ns: dict = {}
     exec((REPO / "cutlass_nn" / "_version.py").read_text(), ns)

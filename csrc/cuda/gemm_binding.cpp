@@ -19,6 +19,7 @@
 #include "gemm_autotune.h"
 #include "gemm_params.h"
 #include "kernel_dtype.h"
+#include "launch_settings.h"
 #include "split_tf32.h"
 
 namespace cutlass_nn {
@@ -110,6 +111,8 @@ void run_planned(const char* op, const kernels::GemmPlan& plan, const at::Tensor
 }  // namespace
 
 bool set_force_sm80(bool enable) { return g_force_sm80.exchange(enable); }
+
+bool set_programmatic_launch(bool enable) { return kernels::set_programmatic_launch(enable); }
 
 const char* last_kernel_name() { return g_last_kernel.load(); }
 

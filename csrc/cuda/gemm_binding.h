@@ -49,6 +49,10 @@ bool is_row_major_output(const at::Tensor& t);
 // Force the CUTLASS 2.x (SM80) kernels even on Hopper; returns the previous setting.
 bool set_force_sm80(bool enable);
 
+// Launch the SM90 GEMMs (16-bit, TF32 and FP8) with programmatic dependent launch
+// (kernels/launch_settings.h); returns the previous setting.
+bool set_programmatic_launch(bool enable);
+
 // Name of the kernel the last gemm() on this thread ran ("" if none): for tests of dispatch.
 const char* last_kernel_name();
 

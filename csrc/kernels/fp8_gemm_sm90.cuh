@@ -71,7 +71,7 @@ struct Fp8TileConfig<2> {
 // workspace.
 template <>
 struct Fp8TileConfig<3> : Fp8TileConfig<0> {
-  using TileScheduler = cutlass::gemm::StreamKScheduler;
+  using TileScheduler = StreamKScheduler;  // stream_k_scheduler.cuh
 };
 
 // 4: 128x192 tile, 2-CTA cluster along M, cooperative, persistent, promoted: each consumer

@@ -31,6 +31,15 @@
 #include "cutlass/kernel_hardware_info.h"
 #include "activation_math.h"
 #include "gemm_launch.cuh"
+#include "launch_settings.h"
+#include "stream_k_scheduler.cuh"
+
+// The PDL launches below (launch_settings.h) are safe only for kernels that wait with
+// griddepcontrol.wait before touching global memory, i.e. CUTLASS's SM90 kernels compiled with
+// this define; every build of the extension sets it (cutlass_nn/_build_config.py, CMakeLists.txt).
+#ifndef CUTLASS_ENABLE_GDC_FOR_SM90
+#error "gemm_sm90.cuh: compile with -DCUTLASS_ENABLE_GDC_FOR_SM90 (the kernels are launched with PDL)"
+#endif
 
 namespace cutlass_nn {
 namespace kernels {
@@ -61,7 +70,7 @@ struct Sm90TileConfig<1> {
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-  using TileScheduler = cutlass::gemm::StreamKScheduler;
+  using TileScheduler = StreamKScheduler;  // stream_k_scheduler.cuh
 };
 
 // 2: 128x128 tile, no cluster, stream-K: for few output tiles (decode-like small M, or small
@@ -72,7 +81,7 @@ struct Sm90TileConfig<2> {
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-  using TileScheduler = cutlass::gemm::StreamKScheduler;
+  using TileScheduler = StreamKScheduler;  // stream_k_scheduler.cuh
 };
 
 // 3: 128x128 tile, 2-CTA cluster along N, ping-pong (the two consumer warpgroups alternate
@@ -376,7 +385,7 @@ struct Sm90Gemm {
     // Rasterization swizzle of the tile scheduler (1 = none): neighbouring CTAs share A or B
     // tiles in L2.
     if (p.swizzle > 0) args.scheduler.max_swizzle_size = p.swizzle;
-    if constexpr (std::is_same<typename Cfg::TileScheduler, cutlass::gemm::StreamKScheduler>::value) {
+    if constexpr (std::is_same<typename Cfg::TileScheduler, StreamKScheduler>::value) {
       using Decomposition = cutlass::gemm::kernel::detail::DecompositionMode;
       if (p.splits == 1) {
         args.scheduler.decomposition_mode = Decomposition::DataParallel;
@@ -434,23 +443,23 @@ struct SmemAttribute {
 };
 
 // Launches an SM90 kernel whose attributes are already set on this device: what
-// GemmUniversalAdapter::run(params, stream) does (no PDL, no host adapter), less the
+// GemmUniversalAdapter::run(params, stream, nullptr, pdl) does (no host adapter), less the
 // cudaFuncSetAttribute(NonPortableClusterSizeAllowed) that CUTLASS's cluster launcher makes
 // before every launch of a kernel with a cluster larger than 1x1x1.
 template <class Gemm>
-cutlass::Status launch_sm90(typename Gemm::Params& params, cudaStream_t stream) {
+cutlass::Status launch_sm90(typename Gemm::Params& params, cudaStream_t stream, bool pdl) {
   using Kernel = typename Gemm::GemmKernel;
   using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
   constexpr bool kSingleCta = cute::is_static_v<Cluster> && cute::size(Cluster{}) == 1;
   if constexpr (kSingleCta) {
-    return Gemm::run(params, stream);  // a plain launch, no attribute calls
+    return Gemm::run(params, stream, /*cuda_adapter=*/nullptr, pdl);  // no attribute calls
   } else {
     const dim3 block = Kernel::get_block_shape();
     const dim3 grid = Gemm::get_grid_shape(params);
     const dim3 cluster(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}),
                        cute::size<2>(Cluster{}));
     auto config = cutlass::ClusterLauncher::make_cluster_launch_config(
-        grid, cluster, block, Kernel::SharedStorageSize, stream, /*launch_with_pdl=*/false);
+        grid, cluster, block, Kernel::SharedStorageSize, stream, pdl);
     config.launch_config.attrs = config.launch_attribute;  // this copy's own attribute array
     void* kernel_params[] = {&params};
     const cudaError_t err = cudaLaunchKernelExC(
@@ -484,12 +493,13 @@ GemmStatus run_cutlass3(typename Gemm::Arguments const& args, void* workspace,
   }
   int device = -1;
   if (cudaGetDevice(&device) != cudaSuccess) device = -1;
+  const bool pdl = programmatic_launch_enabled();
   if (!SmemAttribute<Gemm>::ready(device)) {
     Gemm gemm;
     if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
       return fail(GemmStatus::kInitializeFailed, detail, "CUTLASS initialize() failed");
     }
-    if (gemm.run(stream) != cutlass::Status::kSuccess) {
+    if (gemm.run(stream, /*cuda_adapter=*/nullptr, pdl) != cutlass::Status::kSuccess) {
       return fail(GemmStatus::kRunFailed, detail, "CUTLASS run() failed");
     }
     SmemAttribute<Gemm>::mark(device);
@@ -501,7 +511,7 @@ GemmStatus run_cutlass3(typename Gemm::Arguments const& args, void* workspace,
                   "CUTLASS initialize_workspace() failed");
     }
     typename Gemm::Params params = Kernel::to_underlying_arguments(args, workspace);
-    if (launch_sm90<Gemm>(params, stream) != cutlass::Status::kSuccess) {
+    if (launch_sm90<Gemm>(params, stream, pdl) != cutlass::Status::kSuccess) {
       return fail(GemmStatus::kRunFailed, detail, "CUTLASS run() failed");
     }
   }

@@ -34,7 +34,10 @@ the converted model is faster), peak allocated memory during the timed steps and
 (converted / stock), the host time to enqueue one step, and the largest loss difference over all
 timed steps (agreement: at most ``LOSS_RTOL`` of the stock loss). ``--liger`` and ``--torchao``
 add a third side, another project's speed-up of the same stock model
-(:mod:`cutlass_nn.bench.peers`).
+(:mod:`cutlass_nn.bench.peers`). ``--pdl-ab`` adds the converted model once more with
+programmatic dependent launch off (``cutlass_nn.ops.programmatic_launch(False)`` around its
+warm-up, compile, graph capture and steps): the row's ``pdl_speedup`` is that side's step time
+over the converted side's, both timed in the same alternating blocks.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import statistics
 import sys
 import time
 import traceback
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -151,8 +155,10 @@ class Trainer:
     """One model, its fused AdamW and its (maybe compiled) forward; ``step(batch)`` runs
     forward, backward and the optimizer step and returns the loss tensor (not synchronized)."""
 
-    def __init__(self, model: nn.Module, mode: str, device):
+    def __init__(self, model: nn.Module, mode: str, device,
+                 context: Callable[[], AbstractContextManager] = nullcontext):
         self.model = model
+        self.context = context
         fused = torch.device(device).type == "cuda"
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
         if mode == "eager":
@@ -166,12 +172,13 @@ class Trainer:
         self.cudagraphs = mode == "reduce-overhead"
 
     def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        if self.cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        loss = self.forward(**batch).loss
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        with self.context():
+            if self.cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            loss = self.forward(**batch).loss
+            loss.backward()
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
         # A CUDA-graph output is overwritten by the next replay: keep a copy.
         return loss.detach().clone()
 
@@ -182,6 +189,12 @@ def _sync(device) -> None:
 
 
 SIDES = ("stock", "cutlass_nn")
+#: The --pdl-ab side: the converted model with programmatic dependent launch off.
+NO_PDL_SIDE = "cutlass_nn_no_pdl"
+#: What a side's steps run inside (a side not named here: nothing).
+SIDE_CONTEXTS: dict[str, Callable[[], AbstractContextManager]] = {
+    NO_PDL_SIDE: lambda: cutlass_nn.ops.programmatic_launch(False),
+}
 
 
 def _memory_allocated(device) -> int:
@@ -218,7 +231,8 @@ def run_sides(
     for side, make in models.items():
         before = _memory_allocated(device)
         t0 = time.perf_counter()
-        trainers[side] = trainer = Trainer(make(), mode, device)
+        trainers[side] = trainer = Trainer(make(), mode, device,
+                                           SIDE_CONTEXTS.get(side, nullcontext))
         _, ran_ops = _ran_cutlass_ops(trainer, batches[0])
         for i in range(1, warmup):
             trainer.step(batches[i % len(batches)])
@@ -332,6 +346,7 @@ def run_row(
     liger: bool = False,
     fp8: str | None = None,
     torchao: bool = False,
+    pdl_ab: bool = False,
 ) -> dict[str, Any]:
     """Stock, then converted, on the same initial weights and batches; never raises (an
     exception is recorded as status "error")."""
@@ -356,7 +371,7 @@ def run_row(
                 row["linears"] = count_linears(model)
                 if side in peers.PEERS:
                     return peers.apply(side, model, fp8)
-                if side != "cutlass_nn":
+                if side not in ("cutlass_nn", NO_PDL_SIDE):
                     return model
                 return convert_side(model, fp8=fp8, fuse_norm=fuse_norm, fuse_mlp=fuse_mlp,
                                     fuse_rope=fuse_rope, fuse_head=fuse_head,
@@ -372,6 +387,8 @@ def run_row(
                 row[peer] = {"status": reason[0], "note": reason[1]}
             elif wanted:
                 names.append(peer)
+        if pdl_ab:
+            names.append(NO_PDL_SIDE)
         sides = run_sides(
             {side: make(side) for side in names},
             spec.mode,
@@ -381,7 +398,8 @@ def run_row(
             block=block,
             device=device,
         )
-        if not sides["cutlass_nn"]["ran_cutlass_ops"] or sides["stock"]["ran_cutlass_ops"]:
+        converted = [sides[n] for n in ("cutlass_nn", NO_PDL_SIDE) if n in sides]
+        if not all(c["ran_cutlass_ops"] for c in converted) or sides["stock"]["ran_cutlass_ops"]:
             raise RuntimeError(
                 "the converted model ran no cutlass_nn operator (or the stock one did): the "
                 "comparison would be meaningless"
@@ -395,6 +413,11 @@ def run_row(
         if "peak_bytes" in stock:
             row["memory_ratio"] = ours["peak_bytes"] / stock["peak_bytes"]
         row["loss"] = compare_losses(stock["losses"], ours["losses"])
+        if NO_PDL_SIDE in sides:
+            no_pdl = sides[NO_PDL_SIDE]
+            row["ratio_no_pdl"] = stock["step_ms"] / no_pdl["step_ms"]
+            row["pdl_speedup"] = no_pdl["step_ms"] / ours["step_ms"]
+            no_pdl["loss"] = compare_losses(stock["losses"], no_pdl["losses"])
         for peer in peers.PEERS:
             if peer in sides:
                 peers.finish(sides[peer], stock, ours, compare_losses)
@@ -571,6 +594,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="with --fp8: turn on cutlass_nn.fp8.reuse_quantized_inputs (off by "
                    "default; consecutive FP8 layers reading one activation share its "
                    "quantization)")
+    p.add_argument("--pdl-ab", action="store_true",
+                   help="add a side: the converted model with programmatic dependent launch "
+                   "off (row keys ratio_no_pdl, pdl_speedup)")
     p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge earlier model-benchmark JSONs into one JSON + PNG (no GPU)")
     return p.parse_args(argv)
@@ -628,6 +654,8 @@ def main(argv: Sequence[str]) -> int:
     meta["fp8_reuse"] = bool(args.fp8_reuse)
     cutlass_nn.fp8.reuse_quantized_inputs(bool(args.fp8_reuse))
     meta["torchao"] = bool(args.torchao)
+    meta["pdl_ab"] = bool(args.pdl_ab)
+    meta["programmatic_launch"] = cutlass_nn.ops.programmatic_launch_enabled()
     specs = plan(args.families, args.sizes, args.modes)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"models_{bench._slug(meta)}_{bench._stamp()}"
@@ -645,14 +673,17 @@ def main(argv: Sequence[str]) -> int:
                           autotune=args.autotune, fuse_norm=args.fuse_norm,
                           fuse_mlp=args.fuse_mlp, fuse_head=args.fuse_head,
                           fuse_rope=args.fuse_rope, liger=args.liger, fp8=args.fp8,
-                          torchao=args.torchao)
+                          torchao=args.torchao, pdl_ab=args.pdl_ab)
         results["rows"].append(row)
         _write(json_path, results)
         if row["status"] == "ok":
             print(f"[{i + 1}/{len(specs)} {time.monotonic() - t0:4.0f}s] {spec.label}: stock "
                   f"{row['stock']['step_ms']:.2f} ms, cutlass_nn {row['cutlass_nn']['step_ms']:.2f} ms, "
                   f"ratio {row['ratio']:.3f}, memory {_f(row.get('memory_ratio'), '.3f')}, "
-                  f"loss diff {row['loss']['max_abs_diff']:.4f}", flush=True)
+                  f"loss diff {row['loss']['max_abs_diff']:.4f}"
+                  + (f"; PDL off {row[NO_PDL_SIDE]['step_ms']:.2f} ms (ratio "
+                     f"{row['ratio_no_pdl']:.3f}), PDL speed-up {row['pdl_speedup']:.3f}"
+                     if "pdl_speedup" in row else ""), flush=True)
         else:
             print(f"[{i + 1}/{len(specs)}] {spec.label}: {row['status'].upper()} {row.get('note', '')}", flush=True)
     rows = results["rows"]

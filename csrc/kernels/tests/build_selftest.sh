@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the torch-free GEMM self-test: every generated kernel + gemm_dispatch.cu + gemm_selftest.cu.
+# Builds the torch-free GEMM self-test: every generated kernel + gemm_dispatch.cu + launch_settings.cu + gemm_selftest.cu.
 #
 #   csrc/kernels/tests/build_selftest.sh <cutlass include dir> [build dir]
 #
@@ -24,7 +24,7 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NVCC="$CUDA_HOME/bin/nvcc"
 ARCHS=${CUTLASS_NN_CUDA_ARCHS:-"80;90a"}
 
-FLAGS=(-DNDEBUG -std=c++17 --expt-relaxed-constexpr --expt-extended-lambda -O3
+FLAGS=(-DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 -std=c++17 --expt-relaxed-constexpr --expt-extended-lambda -O3
        -I"$CUTLASS_INC" -I"$CUTLASS_INC/../tools/util/include" -I"$KERNELS_DIR")
 IFS=';' read -ra ARCH_LIST <<< "$ARCHS"
 for a in "${ARCH_LIST[@]}"; do
@@ -41,7 +41,8 @@ if [[ -z "${MAX_JOBS:-}" ]]; then
   (( MAX_JOBS < 1 )) && MAX_JOBS=1
 fi
 
-SOURCES=("$KERNELS_DIR"/generated/*.cu "$KERNELS_DIR/gemm_dispatch.cu" "$KERNELS_DIR/tests/gemm_selftest.cu")
+SOURCES=("$KERNELS_DIR"/generated/*.cu "$KERNELS_DIR/gemm_dispatch.cu" "$KERNELS_DIR/launch_settings.cu"
+         "$KERNELS_DIR/tests/gemm_selftest.cu")
 echo "compiling ${#SOURCES[@]} files with $MAX_JOBS jobs into $BUILD_DIR"
 # Objects are reused only when newer than their source and every header of the kernel layer.
 NEWEST_HEADER=$(ls -t "$KERNELS_DIR"/*.h "$KERNELS_DIR"/*.cuh "$KERNELS_DIR"/generated/*.inc | head -1)
