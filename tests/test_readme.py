@@ -47,5 +47,14 @@ def test_readme_documents_every_runtime_knob():
     package = sorted((ROOT / "cutlass_nn").glob("*.py"))
     knobs = environ_knobs(*[p for p in package if p.name != "_build_config.py"])
     assert "CUTLASS_NN_JIT" in knobs, knobs
+    # and the extension's own (read with std::getenv in C++)
+    native = {
+        knob
+        for path in sorted((ROOT / "csrc").rglob("*"))
+        if path.suffix in (".cpp", ".cu", ".h", ".cuh")
+        for knob in re.findall(r'getenv\("([A-Z_]+)"\)', path.read_text())
+    }
+    assert "CUTLASS_NN_PDL" in native, native
+    knobs |= native
     for knob in knobs:
         assert f"`{knob}`" in runtime, f"{knob} is not documented as a runtime variable in README.md"
