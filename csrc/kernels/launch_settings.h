@@ -8,9 +8,18 @@
 // descriptor prefetch) while it finishes. Correctness does not depend on the timing: every
 // global-memory access of these kernels comes after griddepcontrol.wait in the producer warps
 // (CUTLASS's SM90 kernels, compiled with CUTLASS_ENABLE_GDC_FOR_SM90), which returns only when
-// the kernel before has completed and its writes are visible; the consumers' stores follow data
-// the producers loaded after it. After any other kernel, or a copy, the launch is serialized as
-// usual (the attribute only relaxes the dependency on a kernel that asks for the overlap).
+// the kernel before has completed and its writes are visible; the consumers' loads (bias, scale
+// vectors) and stores (D, aux, stream-K partial sums and flags) come after their first wait on
+// the mainloop pipeline, whose first stage the producers fill only after their wait. After a
+// kernel that never signals (torch's, our elementwise ones), the GEMM starts only once that
+// kernel has completed, and reads its results after the same wait.
+//
+// This rests on three facts of CUTLASS 4.2 and of our arguments (re-check them when either
+// changes; benchmarks/NOTES.md v0.21 has the review): every work tile has at least one k-tile
+// (K >= 1 is checked before any SM90 kernel runs: a tile without k-tiles would reach its
+// epilogue without waiting); the epilogues' alpha / beta are values, never device pointers
+// (Sm90ScalarBroadcast reads a pointer in its constructor, before any wait); CUTLASS's stream-K
+// "separate reduction" units, which skip the mainloop, are disabled in this version.
 #pragma once
 
 namespace cutlass_nn {

@@ -34,10 +34,8 @@ the converted model is faster), peak allocated memory during the timed steps and
 (converted / stock), the host time to enqueue one step, and the largest loss difference over all
 timed steps (agreement: at most ``LOSS_RTOL`` of the stock loss). ``--liger`` and ``--torchao``
 add a third side, another project's speed-up of the same stock model
-(:mod:`cutlass_nn.bench.peers`). ``--pdl-ab`` adds the converted model once more with
-programmatic dependent launch off (``cutlass_nn.ops.programmatic_launch(False)`` around its
-warm-up, compile, graph capture and steps): the row's ``pdl_speedup`` is that side's step time
-over the converted side's, both timed in the same alternating blocks.
+(:mod:`cutlass_nn.bench.peers`). ``--pdl-ab`` adds the converted model with programmatic
+dependent launch off around all its steps (``pdl_speedup``: its step time / the converted one's).
 """
 
 from __future__ import annotations
@@ -189,8 +187,7 @@ def _sync(device) -> None:
 
 
 SIDES = ("stock", "cutlass_nn")
-#: The --pdl-ab side: the converted model with programmatic dependent launch off.
-NO_PDL_SIDE = "cutlass_nn_no_pdl"
+NO_PDL_SIDE = "cutlass_nn_no_pdl"  # --pdl-ab: the converted model with PDL off
 #: What a side's steps run inside (a side not named here: nothing).
 SIDE_CONTEXTS: dict[str, Callable[[], AbstractContextManager]] = {
     NO_PDL_SIDE: lambda: cutlass_nn.ops.programmatic_launch(False),
@@ -413,8 +410,7 @@ def run_row(
         if "peak_bytes" in stock:
             row["memory_ratio"] = ours["peak_bytes"] / stock["peak_bytes"]
         row["loss"] = compare_losses(stock["losses"], ours["losses"])
-        if NO_PDL_SIDE in sides:
-            no_pdl = sides[NO_PDL_SIDE]
+        if (no_pdl := sides.get(NO_PDL_SIDE)) is not None:
             row["ratio_no_pdl"] = stock["step_ms"] / no_pdl["step_ms"]
             row["pdl_speedup"] = no_pdl["step_ms"] / ours["step_ms"]
             no_pdl["loss"] = compare_losses(stock["losses"], no_pdl["losses"])
@@ -644,17 +640,11 @@ def main(argv: Sequence[str]) -> int:
               file=sys.stderr)
         return 2
     meta["loss_rtol"] = LOSS_RTOL
-    meta["autotune"] = bool(args.autotune)
-    meta["fuse_norm"] = bool(args.fuse_norm)
-    meta["fuse_mlp"] = bool(args.fuse_mlp)
-    meta["fuse_head"] = bool(args.fuse_head)
-    meta["fuse_rope"] = bool(args.fuse_rope)
-    meta["liger"] = bool(args.liger)
+    for flag in ("autotune", "fuse_norm", "fuse_mlp", "fuse_head", "fuse_rope", "liger",
+                 "fp8_reuse", "torchao", "pdl_ab"):
+        meta[flag] = bool(getattr(args, flag))
     meta["fp8"] = args.fp8
-    meta["fp8_reuse"] = bool(args.fp8_reuse)
     cutlass_nn.fp8.reuse_quantized_inputs(bool(args.fp8_reuse))
-    meta["torchao"] = bool(args.torchao)
-    meta["pdl_ab"] = bool(args.pdl_ab)
     meta["programmatic_launch"] = cutlass_nn.ops.programmatic_launch_enabled()
     specs = plan(args.families, args.sizes, args.modes)
     args.out.mkdir(parents=True, exist_ok=True)
