@@ -73,6 +73,26 @@ def _chain_reference(x, weights, bias_from_previous):
     return x
 
 
+def _same_with_and_without_pdl(run, rounds, what):
+    """Runs ``run`` (returning a tensor or a sequence of tensors) once with PDL off, then
+    ``rounds`` times with it on (a race shows up only in some interleavings), each output bitwise
+    equal to the PDL-off one; returns the PDL-off outputs as a list."""
+
+    def outputs():
+        out = run()
+        return [out] if isinstance(out, torch.Tensor) else list(out)
+
+    with ops.programmatic_launch(False):
+        expected = outputs()
+    with ops.programmatic_launch(True):
+        for r in range(rounds):
+            got = outputs()
+            assert len(got) == len(expected), what
+            for i, (g, e) in enumerate(zip(got, expected)):
+                assert torch.equal(g, e), f"{what}: output {i} differs with PDL (round {r})"
+    return expected
+
+
 def test_switch_defaults_on_and_restores():
     if os.environ.get("CUTLASS_NN_PDL") == "0":
         pytest.skip("CUTLASS_NN_PDL=0 in this environment")
@@ -166,11 +186,7 @@ def test_accumulation_target_written_just_before():
         ops.linear_wgrad_accumulate_(target, g, x)
         return target
 
-    with ops.programmatic_launch(False):
-        expected = run()
-    with ops.programmatic_launch(True):
-        for _ in range(5):
-            assert torch.equal(run(), expected)
+    _same_with_and_without_pdl(run, 5, "accumulation into a target written just before")
 
 
 def test_backward_bitwise_equal_without_pdl():
@@ -190,12 +206,7 @@ def test_backward_bitwise_equal_without_pdl():
         model(xi).float().square().mean().backward()
         return [xi.grad.clone()] + [p.grad.clone() for p in model.parameters()]
 
-    with ops.programmatic_launch(False):
-        expected = step()
-    with ops.programmatic_launch(True):
-        for _ in range(3):
-            for got, exp in zip(step(), expected):
-                assert torch.equal(got, exp)
+    _same_with_and_without_pdl(step, 3, "input and parameter gradients")
 
 
 def test_cuda_graph_replay_bitwise_equal_without_pdl():
@@ -249,12 +260,7 @@ def test_fp8_dependent_bias_bitwise_equal_without_pdl(fp8_config):
 
     previous = torch.ops.cutlass_nn._set_fp8_config(fp8_config)
     try:
-        with ops.programmatic_launch(False):
-            expected = run()
-        with ops.programmatic_launch(True):
-            for _ in range(3):
-                for got, exp in zip(run(), expected):
-                    assert torch.equal(got, exp)
+        expected = _same_with_and_without_pdl(run, 3, f"FP8 configuration {fp8_config}")
     finally:
         torch.ops.cutlass_nn._set_fp8_config(previous)
     ref = (a.double() @ b2.double()) * 0.01 + expected[0][7].double()
