@@ -65,6 +65,8 @@ SM90_CONFIG_NAMES = {
     # 11, 12: small weight gradients over many tokens: 64-row ping-pong tiles, whole K
     11: "64x64x128_1x1x1_pingpong",
     12: "64x32x128_1x1x1_pingpong",
+    13: "128x64x64_1x2x1_coop",
+    14: "256x128x64_1x2x1_coop",
     15: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only
     16: "128x128x32_2x1x1_coop_promoted",  # the 3xTF32 parts of float32 "highest" only
 }
@@ -72,7 +74,7 @@ SM90_CONFIG_NAMES = {
 SM90_16BIT_CONFIGS = (0, 1, 2, 3)
 # ... configurations compiled for the input dtype out only (no fp32-out wgrad kernel: an fp32
 # weight gradient takes the rule's row-major fallback) ...
-SM90_16BIT_OUT_CONFIGS = (10,)
+SM90_16BIT_OUT_CONFIGS = (10, 13, 14)
 # ... and those of the weight gradient of a small layer ("nt", the input dtype out).
 SM90_SMALL_WGRAD_CONFIGS = (11, 12)
 # ... and those of the transposed small-M problem (column-major D^T; forward and dgrad turn

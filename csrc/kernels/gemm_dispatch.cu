@@ -660,6 +660,8 @@ const char* sm90_config_name(int config) {
     case 10: return "128x192x64_2x1x1_coop";
     case 11: return "64x64x128_1x1x1_pingpong";
     case 12: return "64x32x128_1x1x1_pingpong";
+    case 13: return "128x64x64_1x2x1_coop";
+    case 14: return "256x128x64_1x2x1_coop";
     case 15: return "128x256x32_2x1x1_coop";
     case 16: return "128x128x32_2x1x1_coop_promoted";
   }

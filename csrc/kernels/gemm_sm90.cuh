@@ -164,6 +164,34 @@ struct Sm90SmallWgradTileConfig {
 template <> struct Sm90TileConfig<11> : Sm90SmallWgradTileConfig<64> {};
 template <> struct Sm90TileConfig<12> : Sm90SmallWgradTileConfig<32> {};
 
+// 13: 128x64 tile, 2-CTA cluster along N, cooperative (each consumer warpgroup 64x64),
+// persistent: twice config 3's tile count, so a mid-size output fills the SMs with whole-K tiles
+// (1024 x 1024: 128 tiles), the token-row tile multicast to both CTAs of the cluster. What cuBLAS
+// runs on the weight gradient of a 1024 x 1024 layer over 4096 tokens and on a 256-wide
+// forward (its nvjet 128x64 1x2 kernels, results/cublas_kernels_h100_20261124.json), where our
+// split-K / 64-row tiles run at 0.64-0.79 of it. About 24 KiB per stage (8 stages).
+template <>
+struct Sm90TileConfig<13> {
+  using TileShape = cute::Shape<cute::_128, cute::_64, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+
+// 14: 256x128 tile, 2-CTA cluster along N, cooperative (each consumer warpgroup 128x128),
+// persistent: config 0's tile turned around (256 token rows, 128 weight columns), the tile and
+// cluster cuBLAS runs on most mid-size and large transformer GEMMs (nvjet 256x128 1x2 "coopA").
+// 48 KiB per stage (4 stages).
+template <>
+struct Sm90TileConfig<14> {
+  using TileShape = cute::Shape<cute::_256, cute::_128, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+
 // 15 and 16 (apart from the 16-bit configurations, which the sweep enumerates): float32 operands
 // on TF32 tensor cores, K-major A and B (the "tn" layout) only, 32-deep k-blocks.
 // 15: TF32 matmuls (float32 matmul precision "high"): 128x256 tiles, 4 pipeline stages.
