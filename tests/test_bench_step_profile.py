@@ -57,6 +57,23 @@ def test_arguments_and_delegation():
     assert cli._delegated_what(["--what", "step-profile"]) == "step-profile"
 
 
+def test_mode_argument():
+    assert sp.parse_args([]).mode == "eager"
+    assert sp.parse_args(["--mode", "compile"]).mode == "compile"
+    assert sp.parse_args(["--mode", "reduce-overhead", "--warmup", "3"]).warmup == 3
+    for bad in (["--mode", "max-autotune"], ["--mode", "compile", "--warmup", "1"]):
+        with pytest.raises(SystemExit):
+            sp.parse_args(bad)
+
+
+def test_inductor_kernels_have_their_own_category():
+    assert sp.categorize("triton_poi_fused_gelu_add_0") == "inductor (Triton)"
+    assert sp.categorize("triton_red_fused_sum_3") == "inductor (Triton)"
+    # a generated kernel of the optimizer stays the optimizer's
+    assert sp.categorize("triton_for_fused__fused_adam_4") == "optimizer"
+    assert sp.categorize("my_triton_kernel") == "other"
+
+
 def test_user_annotations_are_not_kernels():
     import types
 

@@ -3,15 +3,16 @@
 The model benchmark (``--what models``) says how long a step takes; this says why. It builds the
 same ``transformers`` model as a row of the model benchmark (same family, size, weights and
 batches; :mod:`cutlass_nn.bench.models`), stock and converted (with the same options: ``--fp8``,
-``--fuse-*``), runs ``--warmup`` eager steps, then ``--steps`` steps under ``torch.profiler`` with
-CUDA activity, and reports for each side the GPU time per step of every kernel, summed into
+``--fuse-*``) in ``--mode`` (eager, ``torch.compile``, or ``mode="reduce-overhead"``: the kernels
+Inductor generates and fuses around the GEMMs differ from eager's), runs ``--warmup`` steps (the
+compiling ones included), then ``--steps`` steps under ``torch.profiler`` with CUDA activity, and reports for each side the GPU time per step of every kernel, summed into
 categories by kernel name (:data:`CATEGORIES`: GEMMs of cutlass_nn and of cuBLAS, FP8
 quantization, attention, the optimizer, normalization, other elementwise work), plus the host
 time of the step. JSON to ``--out``; a table on stdout.
 
 Usage::
 
-    python -m cutlass_nn.bench --what step-profile [--family llama] [--size gpu]
+    python -m cutlass_nn.bench --what step-profile [--family llama] [--size gpu] [--mode eager]
         [--fp8 tensorwise|rowwise[-fast-accum]] [--fuse-norm] [--fuse-mlp] [--fuse-rope] [--fuse-head]
         [--steps 3] [--warmup 2] [--top 12] [--out DIR]
 """
@@ -40,6 +41,8 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("cutlass_nn other", r"cutlass_nn::"),
     ("gemm (cuBLAS-named)", r"nvjet|xmma|cublas|gemm|sm90_|sm80_"),
     ("optimizer", r"adam|multi_tensor|foreach"),
+    # Inductor's generated kernels (compiled modes): fused elementwise and reduction work
+    ("inductor (Triton)", r"^triton_"),
     ("normalization", r"norm"),
     ("cross entropy / softmax", r"softmax|cross_entropy|log_softmax|nll"),
 )
@@ -82,6 +85,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--what", choices=["step-profile"], default="step-profile")
     p.add_argument("--family", choices=models.FAMILIES, default="llama")
     p.add_argument("--size", choices=models.SIZES, default="gpu")
+    p.add_argument("--mode", choices=models.MODES, default="eager")
     p.add_argument("--fp8", choices=bench_fp8.FP8_CHOICES, default=None)
     p.add_argument("--fp8-reuse", action="store_true",
                    help="turn on cutlass_nn.fp8.reuse_quantized_inputs (off by default)")
@@ -94,6 +98,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = p.parse_args(list(argv))
     if args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
+    if args.mode != "eager" and args.warmup < 2:
+        p.error(f"--mode {args.mode} compiles in its first steps: --warmup must be >= 2, got {args.warmup}")
     return args
 
 
@@ -106,10 +112,12 @@ def is_kernel(event) -> bool:
             and not event.name.startswith(("Optimizer.", "ProfilerStep")))
 
 
-def profile_side(model: torch.nn.Module, batches, steps: int, warmup: int, top: int) -> dict:
+def profile_side(model: torch.nn.Module, batches, steps: int, warmup: int, top: int,
+                 mode: str = "eager") -> dict:
     from cutlass_nn.bench.models import Trainer
 
-    trainer = Trainer(model, "eager", "cuda")
+    torch._dynamo.reset()  # each side compiles on its own
+    trainer = Trainer(model, mode, "cuda")
     for i in range(warmup):
         trainer.step(batches[i % len(batches)])
     torch.cuda.synchronize()
@@ -149,7 +157,8 @@ def main(argv: Sequence[str]) -> int:
             model = models.convert_side(model, fp8=args.fp8, fuse_norm=args.fuse_norm,
                                         fuse_mlp=args.fuse_mlp, fuse_rope=args.fuse_rope,
                                         fuse_head=args.fuse_head)
-        result["sides"][side] = profile_side(model, batches, args.steps, args.warmup, args.top)
+        result["sides"][side] = profile_side(model, batches, args.steps, args.warmup, args.top,
+                                             args.mode)
         del model
         torch.cuda.empty_cache()
     for side, r in result["sides"].items():
