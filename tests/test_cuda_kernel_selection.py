@@ -447,18 +447,23 @@ def test_stream_k_split_factors(op, splits, gen):
 # benchmarks/NOTES.md): which configuration each GEMM of a layer gets, checked against float64.
 # Config 6 / 7: the transposed problem with 64- / 128-row token tiles; 2: 128x128 stream-K /
 # split-K / data-parallel; 3: 128x128 ping-pong; 0: 128x256 cooperative; 10: 128x192
-# cooperative; 11 / 12: 64x64 / 64x32 ping-pong (small weight gradients).
+# cooperative; 11 / 12: 64x64 / 64x32 ping-pong (small weight gradients); 13 / 14 (v0.22): 128x64 /
+# 256x128 cooperative with a 1x2 cluster.
 TRANSFORMER_RULE_CASES = [
     ("linear", (512, 1024, 1024), 6),  # few tiles: transposed, token tile narrowed to fill SMs
     ("linear", (512, 2304, 768), 7),
-    ("linear", (4096, 256, 1024), 7),  # a grouped-query key/value projection
+    ("linear", (4096, 256, 1024), 13),  # a grouped-query key/value projection: 128 tiles of 128x64
+    ("linear", (2048, 256, 1024), 6),  # 64 tiles of 128x64: transposed
     ("linear", (4096, 128, 8192), 6),
     ("linear", (512, 4096, 11008), 2),  # 128-row token tiles over a long K: stays row-major
     ("linear_dgrad", (512, 3072, 768), 6),  # dgrad GEMM 512 x 768 x 3072, transposed ("tt")
     ("linear_wgrad", (4096, 768, 768), 2),  # 36 tiles: K split into 3
     ("linear_wgrad", (4096, 256, 1024), 11),  # 64 tiles of 64x64, each over the whole K
     ("linear_wgrad", (512, 256, 1024), 12),  # 128 tiles of 64x32 over 512 tokens
-    ("linear_wgrad", (4096, 1024, 1024), 2),  # 1024 rows over 4096 tokens: split-K stays
+    ("linear_wgrad", (4096, 1024, 1024), 13),  # 1024 rows over 4096 tokens: 128 tiles of 128x64
+    ("linear", (4096, 1024, 1024), 14),  # 128 tiles of 256x128
+    ("linear_dgrad", (4096, 256, 1024), 14),  # dgrad GEMM 4096 x 1024 x 256
+    ("linear_wgrad", (4096, 3072, 1024), 14),  # 96 tiles of 256x128 over 4096 tokens
     ("linear_wgrad", (4096, 1024, 2816), 10),  # 120 tiles of 128x192: 91% of a wave
     ("linear_wgrad", (4096, 2816, 1024), 2),  # a taller output: stream-K stays
     ("linear", (4096, 768, 3072), 10),  # 128 tiles of 128x192 in place of the transposed problem
@@ -466,7 +471,8 @@ TRANSFORMER_RULE_CASES = [
     ("linear", (4096, 4096, 4096), 0),
     ("linear_wgrad", (4096, 3072, 768), 2),  # 144 tiles: stream-K
     ("linear", (512, 12288, 4096), 2),  # 192 tiles of 128x256 (1.45 waves): data-parallel 128x128
-    ("linear", (4096, 2304, 768), 3),  # short-ish K, 576 tiles: ping-pong
+    ("linear", (4096, 2304, 768), 14),  # 288 tiles of 256x128, K <= 1024
+    ("linear", (4096, 8192, 1024), 3),  # short-ish K, 1024 tiles: ping-pong
     ("linear_dgrad", (4096, 4096, 11008), 0),  # long K, 2752 tiles: 128x256 cooperative
 ]
 

@@ -65,13 +65,13 @@ def plan(harness: Path, op: str, m: int, n: int, k: int, *, out_f32=False, fused
 RULE_CASES = {
     # the transposed small-M / few-tile problem (v0.4 / v0.8)
     ("fwd", 512, 1024, 1024): (6, 0, 0, True),
-    ("fwd", 4096, 256, 1024): (7, 0, 0, True),  # a grouped-query key/value projection
+    ("fwd", 2048, 256, 1024): (6, 0, 0, True),  # 64 tiles of 128x64: under a wave, transposed
     ("fwd", 4096, 768, 256): (7, 0, 0, True),  # K <= 256: the 128x192 tile does not replace it
     # small weight gradients (v0.10): whole-K 64-row ping-pong tiles
     ("wgrad", 256, 1024, 4096): (11, 0, 0, False),  # the key/value wgrad over 4096 tokens
     ("wgrad", 256, 1024, 512): (12, 0, 0, False),  # 64x32 tiles over at most 1024 tokens
     ("wgrad", 768, 768, 512): (11, 0, 0, False),
-    ("wgrad", 1024, 1024, 4096): (2, 0, 2, False),  # tall output, long K: split-K stays
+    ("wgrad", 768, 768, 4096): (2, 0, 3, False),  # 72 tiles of 128x64: split-K stays
     ("wgrad", 256, 1024, 16384): (2, 0, 4, False),  # beyond 8192 tokens: not measured, split-K
     # the 128x192 tile (v0.10)
     ("wgrad", 1024, 2816, 4096): (10, 0, 0, False),  # 120 tiles: 91% of one wave
@@ -86,8 +86,24 @@ RULE_CASES = {
     ("fwd", 16384, 4096, 14336): (0, 0, 0, False),  # 16 tiles along N
     ("fwd", 4096, 11008, 4096): (0, 0, 0, False),  # 32 tiles along M
     ("dgrad", 4096, 11008, 4096): (0, 0, 0, False),
-    # ping-pong for short K from 512 tiles (v0.8)
-    ("fwd", 4096, 2304, 768): (3, 0, 0, False),
+    # ping-pong for short K from 512 tiles (v0.8), beyond config 14's four waves (v0.22)
+    ("fwd", 4096, 8192, 1024): (3, 0, 0, False),
+    ("fwd", 4096, 4096, 2048): (3, 0, 0, False),
+    # config 13, 128x64 tiles filling one wave, swizzle 2 (v0.22)
+    ("wgrad", 1024, 1024, 4096): (13, 2, 0, False),  # in place of split-K
+    ("fwd", 4096, 256, 1024): (13, 2, 0, False),  # in place of the transposed problem
+    # config 14, 256x128 tiles, swizzle 2 (v0.22): up to a wave with K <= 4096, four with K <= 1024
+    ("fwd", 4096, 1024, 1024): (14, 2, 0, False),
+    ("dgrad", 4096, 1024, 1024): (14, 2, 0, False),
+    ("dgrad", 4096, 1024, 256): (14, 2, 0, False),
+    ("fwd", 4096, 1024, 4096): (14, 2, 0, False),
+    ("wgrad", 1024, 4096, 4096): (14, 2, 0, False),
+    ("wgrad", 3072, 1024, 4096): (14, 2, 0, False),
+    ("fwd", 4096, 4096, 1024): (14, 2, 0, False),  # 512 tiles
+    ("fwd", 4096, 2304, 768): (14, 2, 0, False),
+    ("fwd", 4096, 4096, 4096): (0, 0, 0, False),  # 512 tiles over K = 4096: config 0
+    ("fwd", 4096, 1024, 8192): (0, 0, 0, False),  # one wave over K > 4096: not measured
+    ("fwd", 4096, 8192, 512): (3, 0, 0, False),  # 1024 tiles: beyond four waves
 }
 
 

@@ -114,6 +114,10 @@ constexpr int kShortKWideConfig = 9;
 constexpr int kTile192Config = 10;
 constexpr int kSmallWgradConfig = 11;
 constexpr int kSmallWgradNarrowConfig = 12;
+// 128x64 and 256x128 tiles with a 1x2 cluster, cooperative (Sm90TileConfig<13, 14>), compiled
+// with the input dtype out only.
+constexpr int kTile128x64Config = 13;
+constexpr int kTile256x128Config = 14;
 // The transposed configurations by token rows per tile (Sm90TileConfig<4..7>), narrowest first.
 struct SwappedTile {
   int64_t rows;
@@ -150,6 +154,39 @@ bool tile192_fills_one_wave(const GemmParams& p, int64_t sms) {
   return tiles192 <= sms && tiles192 * 20 >= sms * 17;
 }
 
+// Whether a problem's 128x64 tiles (config 13) fill 85-100% of one wave of the SMs, for at least
+// 1024 rows, 256 columns and K >= 1024, with the input dtype out: where the smaller tile gives
+// every SM a tile that 128x128 / 128x256 tiles would leave idle (v0.22: the 1024 x 1024 weight
+// gradient over 4096 tokens 0.79-0.80 vs 0.72-0.73 for split-K; the 4096 x 256 x 1024 forward
+// 0.95 vs 0.92 for the transposed problem).
+bool tile128x64_fills_one_wave(const GemmParams& p, int64_t sms) {
+  const int64_t tiles = ceil_div(p.m, 128) * ceil_div(p.n, 64);
+  return p.dtype_cd == p.dtype_ab && p.m >= 1024 && p.n >= 256 && p.k >= 1024 && tiles <= sms &&
+         tiles * 20 >= sms * 17;
+}
+
+// Whether config 14 (256x128 tiles, 1x2 cluster: the tile cuBLAS runs at these shapes) takes a
+// mid-size problem: at least 1024 x 1024 with K >= 256, the input dtype out, and at most one
+// wave of its tiles with K <= 4096, or at most four waves with K <= 1024. With a swizzle of 2.
+// v0.22 (H100, 4096 tokens, results/sweep_nvidia-h100-80gb-hbm3_20261126-090230 / -090559 /
+// -090607): 1.5-4% over the previous rule on every layout (4096 x 1024 x 1024 forward 0.950 vs
+// 0.934, 4096 x 4096 x 1024 forward 0.966 vs 0.944, 4096 x 2816 x 1024 dgrad layout 0.947 vs
+// 0.913, 4096 x 1024 x 4096 forward 0.979 vs 0.952 and wgrad layout 0.978 vs 0.953, the
+// 3072 x 1024 wgrad 0.820 vs 0.783); it lost with more tiles over a longer K (4096 x 4096 x 4096
+// 0.976-0.985 vs 1.004-1.010 for config 0).
+bool tile256x128_takes(const GemmParams& p, int64_t sms) {
+  if (p.dtype_cd != p.dtype_ab || p.m < 1024 || p.n < 1024 || p.k < 256) return false;
+  const int64_t tiles = ceil_div(p.m, 256) * ceil_div(p.n, 128);
+  return (tiles <= sms && p.k <= 4096) || (tiles <= 4 * sms && p.k <= 1024);
+}
+
+Sm90Choice tile256x128_choice() {
+  Sm90Choice c;
+  c.config = kTile256x128Config;
+  c.swizzle = 2;
+  return c;
+}
+
 // The rule for row-major D (see choose_sm90_config).
 Sm90Choice choose_row_major_config(const GemmParams& p) {
   const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
@@ -175,6 +212,11 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
                      : kSmallWgradConfig;
       return c;
     }
+    if (tile128x64_fills_one_wave(p, sms)) {
+      c.config = kTile128x64Config;
+      c.swizzle = 2;
+      return c;
+    }
     c.config = 2;
     // Under half a wave of 128x128 tiles: split K into as many slices as fill the SMs, at
     // most 4 and each at least 1024 deep (the scheduler's own stream-K split lost 25-60% here).
@@ -189,6 +231,8 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
   if (p.k <= 256) {
     if (wgrad_layout && p.dtype_cd == p.dtype_ab) {
       c.config = p.k <= 128 ? kShortKWideConfig : kShortKConfig;
+    } else if (tile256x128_takes(p, sms)) {
+      return tile256x128_choice();  // K = 256: the 4096 x 1024 x 256 dgrad layout 0.933 vs 0.893
     }
     return c;
   }
@@ -204,6 +248,7 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
     c.config = 2;
     return c;
   }
+  if (tile256x128_takes(p, sms)) return tile256x128_choice();
   // More than a wave of 128x256 tiles but a last wave much emptier than 128x128 tiles would
   // leave it, over a long K: 128x128 data-parallel tiles.
   if (tiles256 >= sms && p.k >= 2048) {
@@ -238,6 +283,15 @@ bool tile192_replaces_transposed(const GemmParams& p) {
   const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
   return tiles256 * 4 < 3 * sms && p.dtype_cd == p.dtype_ab && p.m >= 1024 &&
          tile192_fills_one_wave(p, sms) && choose_row_major_config(p).config == kTile192Config;
+}
+
+// Whether a problem the rule would transpose runs on config 13's 128x64 tiles instead, where
+// they fill 85-100% of one wave (tile128x64_fills_one_wave; 4096 x 256 x 1024 forward: 0.95 vs
+// 0.92).
+bool tile128x64_replaces_transposed(const GemmParams& p) {
+  const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
+  return tile128x64_fills_one_wave(p, sms) &&
+         choose_row_major_config(p).config == kTile128x64Config;
 }
 
 }  // namespace
@@ -293,6 +347,15 @@ bool tile192_replaces_transposed(const GemmParams& p) {
 //     transposed problem or the wgrad stream-K where its tiles fill 85-100% of a wave
 //     (4096 x 768 x 3072 forward 0.95 vs 0.77, the 1024 x 2816 wgrad over 4096 tokens 0.96 vs
 //     0.86); a swizzle of 4 for its N <= 768;
+//   * v0.22: config 13 (128x64 tiles, 1x2 cluster, swizzle 2) where its tiles fill 85-100% of one
+//     wave, for at least 1024 rows, K >= 1024 and the input dtype out, in place of split-K or of
+//     the transposed problem (the 1024 x 1024 wgrad over 4096 tokens 0.79-0.80 vs 0.72-0.73,
+//     4096 x 256 x 1024 forward 0.95 vs 0.92);
+//   * v0.22: config 14 (256x128 tiles, 1x2 cluster, swizzle 2: cuBLAS's nvjet tile) for outputs
+//     of at least 1024 x 1024 with up to one wave of its tiles over K <= 4096, or up to four
+//     waves over K <= 1024 (ahead of the ping-pong and data-parallel choices below; after the
+//     mid-size wgrad's stream-K and 128x192 choices, which beat it there): 1.5-4% over the
+//     previous rule on the host-size models' GEMMs, every layout (tile256x128_takes);
 //   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent): the tile cuBLAS
 //     picks most at these shapes (its nvjet 256x128 1x2 kernels, results/cublas_kernels_*),
 //     with a scheduler swizzle of 2 from 48 tiles along the grid's shorter side (v0.10:
@@ -312,7 +375,8 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
     return c;
   }
   const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
-  if (tiles256 * 4 < int64_t{3} * sms && !tile192_replaces_transposed(p)) {
+  if (tiles256 * 4 < int64_t{3} * sms && !tile192_replaces_transposed(p) &&
+      !tile128x64_replaces_transposed(p)) {
     const int64_t weight_tiles = ceil_div(p.n, 64);
     int i = 3;  // 128 token rows; fewer where they hold all m rows
     while (i > 0 && kSwappedTiles[i - 1].rows >= p.m) --i;
@@ -376,7 +440,8 @@ Sm90Choice resolve_sm90(const GemmParams& p) {
   if (has_fused_epilogue(p)) {
     // The 128x192 tile in place of the transposed problem counts as transposing: the plain GEMM
     // then runs on it, followed by the activation pass.
-    const bool unfused = is_swapped_config(c.config) || tile192_replaces_transposed(p);
+    const bool unfused = is_swapped_config(c.config) || tile192_replaces_transposed(p) ||
+                         tile128x64_replaces_transposed(p);
     c.config = unfused && p.sm90_config < 0 ? -1 : kActConfig;
   } else if (p.sm90_config >= 0) {
     c.config = p.sm90_config;
