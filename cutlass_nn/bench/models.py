@@ -195,12 +195,12 @@ SIDE_CONTEXTS: dict[str, Callable[[], AbstractContextManager]] = {
 
 
 def _memory_allocated(device) -> int:
-    """Allocated memory, taken with torch's cuBLAS / cuBLASLt workspaces present: else the side
-    whose call created them (or whose graph capture freed them) was charged (credited) 64 MiB."""
+    """Allocated memory with torch's cuBLAS workspaces (one per thread: ours, autograd's) present:
+    else the side whose call made (whose graph capture freed) them was charged (credited) them."""
     if torch.device(device).type != "cuda":
         return 0
-    a = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
-    torch.addmm(a[0], a, a), torch.mm(a, a), torch.cuda.synchronize()
+    a = torch.ones(16, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
+    torch.addmm(a[0], a, a).sum().backward(), torch.cuda.synchronize()
     return torch.cuda.memory_allocated()
 
 
