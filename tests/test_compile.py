@@ -111,3 +111,53 @@ def test_converted_model_compiles_without_graph_breaks():
     assert grads.keys() == grads2.keys() and len(grads) == 4
     for n in grads:
         torch.testing.assert_close(grads[n], grads2[n], msg=n)
+
+
+BACKWARD_GEMMS = ("linear_dgrad", "linear_wgrad", "bias_grad")
+
+
+@pytest.mark.parametrize("name", BACKWARD_GEMMS)
+def test_backward_gemms_ask_inductor_for_contiguous_inputs(name):
+    # Inductor's default for a custom operator is the traced strides exactly; these operators
+    # copy a gradient whose leading dimensions do not flatten, so they ask for contiguous inputs
+    # (benchmarks/NOTES.md v0.22: the copies of a compiled BERT step)
+    from torch._library.utils import get_layout_constraint_tag
+
+    op = getattr(torch.ops.cutlass_nn, name).default
+    assert torch.Tag.needs_contiguous_strides in op.tags
+    assert torch.Tag.pt2_compliant_tag in op.tags
+    assert get_layout_constraint_tag(op) == torch.Tag.needs_contiguous_strides
+    # the forward keeps Inductor's default: it reads column slices and transposed views in place
+    assert torch.Tag.needs_contiguous_strides not in torch.ops.cutlass_nn.linear.default.tags
+
+
+class HeadsSplit(nn.Module):
+    """A projection whose output is split into heads and transposed, as attention does: the
+    projection's output gradient comes back through the transpose."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.proj = cutlass_nn.CutlassLinear(d, d)
+        self.heads = heads
+
+    def forward(self, x):
+        b, s, d = x.shape
+        y = self.proj(x).view(b, s, self.heads, d // self.heads).transpose(1, 2)
+        return torch.tanh(y) * 2.0
+
+
+def test_compiled_backward_with_a_transposed_gradient_matches_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = HeadsSplit()
+    compiled_module = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_module, fullgraph=True)
+    x = torch.randn(3, 5, 32)
+    weight = torch.randn(3, 4, 5, 8)
+    grads = []
+    for fn, module in ((eager, eager), (compiled, compiled_module)):
+        xx = x.clone().requires_grad_()
+        (fn(xx) * weight).sum().backward()
+        grads.append((xx.grad, module.proj.weight.grad, module.proj.bias.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
