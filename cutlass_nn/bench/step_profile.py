@@ -5,10 +5,11 @@ same ``transformers`` model as a row of the model benchmark (same family, size, 
 batches; :mod:`cutlass_nn.bench.models`), stock and converted (with the same options: ``--fp8``,
 ``--fuse-*``) in ``--mode`` (eager, ``torch.compile``, or ``mode="reduce-overhead"``: the kernels
 Inductor generates and fuses around the GEMMs differ from eager's), runs ``--warmup`` steps (the
-compiling ones included), then ``--steps`` steps under ``torch.profiler`` with CUDA activity, and reports for each side the GPU time per step of every kernel, summed into
-categories by kernel name (:data:`CATEGORIES`: GEMMs of cutlass_nn and of cuBLAS, FP8
-quantization, attention, the optimizer, normalization, other elementwise work), plus the host
-time of the step. JSON to ``--out``; a table on stdout.
+compiling ones included), then ``--steps`` steps under ``torch.profiler`` with CUDA activity, and
+reports for each side the GPU time per step of every kernel, summed into categories by kernel
+name (:data:`CATEGORIES`: GEMMs of cutlass_nn and of cuBLAS, FP8 quantization, attention, the
+optimizer, Inductor's Triton kernels, normalization, other elementwise work), plus the host time
+of the step. JSON to ``--out``; a table on stdout.
 
 Usage::
 
