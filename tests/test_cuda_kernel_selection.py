@@ -473,7 +473,8 @@ TRANSFORMER_RULE_CASES = [
     ("linear", (512, 12288, 4096), 2),  # 192 tiles of 128x256 (1.45 waves): data-parallel 128x128
     ("linear", (4096, 2304, 768), 14),  # 288 tiles of 256x128, K <= 1024
     ("linear", (4096, 8192, 1024), 3),  # short-ish K, 1024 tiles: ping-pong
-    ("linear_dgrad", (4096, 4096, 11008), 0),  # long K, 2752 tiles: 128x256 cooperative
+    ("linear_dgrad", (4096, 4096, 11008), 3),  # dgrad GEMM 4096 x 11008 x 4096: 2752 tiles (v0.23)
+    ("linear", (4096, 4096, 11008), 0),  # K = 11008: 128x256 cooperative
 ]
 
 
