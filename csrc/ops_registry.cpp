@@ -239,16 +239,24 @@ TORCH_LIBRARY(cutlass_nn, m) {
 
   // y = input @ weight.T + bias; input [*, in], weight [out, in], bias [out] -> y [*, out]
   m.def("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", tags);
+  // The backward GEMMs take their gradient (and saved input) contiguous from torch.compile:
+  // under Inductor's default for custom operators (the traced strides exactly) a compiled BERT
+  // step handed them gradients whose leading dimensions do not flatten, which each of the three
+  // operators then copied with a strided ATen copy (6 copies, 0.19 ms of a 7.9 ms step; H100,
+  // benchmarks/NOTES.md v0.22). With this tag Inductor writes the producing kernel's output
+  // contiguous instead (no copy in the measured step).
+  const std::vector<at::Tag> contiguous_tags{at::Tag::pt2_compliant_tag,
+                                             at::Tag::needs_contiguous_strides};
   // grad_input = grad_output @ weight; [*, out] x [out, in] -> [*, in]
-  m.def("linear_dgrad(Tensor grad_output, Tensor weight) -> Tensor", tags);
+  m.def("linear_dgrad(Tensor grad_output, Tensor weight) -> Tensor", contiguous_tags);
   // grad_weight = grad_output^T @ input over all leading dims; -> [out, in]
-  m.def("linear_wgrad(Tensor grad_output, Tensor input) -> Tensor", tags);
+  m.def("linear_wgrad(Tensor grad_output, Tensor input) -> Tensor", contiguous_tags);
   // grad_weight += grad_output^T @ input, in place (grad_weight may be float32 for 16-bit inputs)
   m.def(
       "linear_wgrad_accumulate_(Tensor(a!) grad_weight, Tensor grad_output, Tensor input) -> ()",
       tags);
   // grad_bias = grad_output summed over all leading dims; [*, out] -> [out]
-  m.def("bias_grad(Tensor grad_output) -> Tensor", tags);
+  m.def("bias_grad(Tensor grad_output) -> Tensor", contiguous_tags);
   // torch.mm equivalents
   m.def("mm(Tensor a, Tensor b) -> Tensor", tags);
   // mm.out returns nothing: AOTAutograd cannot functionalize a custom op whose output aliases an

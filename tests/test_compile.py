@@ -118,6 +118,24 @@ def test_converted_model_compiles_without_graph_breaks():
         torch.testing.assert_close(grads[n], grads2[n], msg=n)
 
 
+BACKWARD_GEMMS = ("linear_dgrad", "linear_wgrad", "bias_grad")
+
+
+@pytest.mark.parametrize("name", BACKWARD_GEMMS)
+def test_backward_gemms_ask_inductor_for_contiguous_inputs(name):
+    # Inductor's default for a custom operator is the traced strides exactly; these operators
+    # copy a gradient whose leading dimensions do not flatten, so they ask for contiguous inputs
+    # (benchmarks/NOTES.md v0.22: the copies of a compiled BERT step)
+    from torch._library.utils import get_layout_constraint_tag
+
+    op = getattr(torch.ops.cutlass_nn, name).default
+    assert torch.Tag.needs_contiguous_strides in op.tags
+    assert torch.Tag.pt2_compliant_tag in op.tags
+    assert get_layout_constraint_tag(op) == torch.Tag.needs_contiguous_strides
+    # the forward keeps Inductor's default: it reads column slices and transposed views in place
+    assert torch.Tag.needs_contiguous_strides not in torch.ops.cutlass_nn.linear.default.tags
+
+
 class HeadsSplit(nn.Module):
     """A projection whose output is split into heads and transposed, as attention does: the
     projection's output gradient comes back through the transpose."""
