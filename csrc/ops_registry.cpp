@@ -101,6 +101,16 @@ static bool set_programmatic_launch(bool enable) {
 #endif
 }
 
+// The current setting, read without changing it (a set-and-restore would let another thread's
+// launch in between see the wrong value).
+static bool programmatic_launch_enabled() {
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::programmatic_launch_enabled();
+#else
+  return false;
+#endif
+}
+
 // Force one SM90 tile configuration (index into gemm_configs(), -1 = the per-shape rule), a
 // tile-scheduler swizzle and a split-K factor for the stream-K configurations (0 = the rule's
 // choice); returns the previous [config, swizzle, splits]. For the benchmark's configuration
@@ -386,6 +396,7 @@ TORCH_LIBRARY(cutlass_nn, m) {
   m.def("_autograd_keeps_graph() -> bool", &autograd_keeps_graph);
   m.def("_set_force_sm80(bool enable) -> bool", &set_force_sm80);
   m.def("_set_programmatic_launch(bool enable) -> bool", &set_programmatic_launch);
+  m.def("_programmatic_launch_enabled() -> bool", &programmatic_launch_enabled);
   m.def("_last_kernel_name() -> str", &last_kernel_name);
   m.def("_set_gemm_config(int config, int swizzle, int splits=0) -> int[]", &set_gemm_config);
   m.def("_gemm_configs() -> str", &gemm_configs);

@@ -875,9 +875,7 @@ def programmatic_launch(enable: bool = True) -> Iterator[None]:
 def programmatic_launch_enabled() -> bool:
     """Whether the SM90 GEMMs are launched with programmatic dependent launch now (always
     ``False`` in the CPU flavor)."""
-    current = _ops._set_programmatic_launch(True)
-    _ops._set_programmatic_launch(current)
-    return current
+    return _ops._programmatic_launch_enabled()
 
 
 def last_kernel_name() -> str:

@@ -71,6 +71,25 @@ def test_programmatic_launch_switch():
     assert ops.programmatic_launch_enabled() is before
 
 
+def test_programmatic_launch_enabled_only_reads(monkeypatch):
+    """Reading the PDL setting never writes it: a set-and-restore would let a launch on
+    another thread (autograd's backward thread) run with the wrong setting in between."""
+    ops = cutlass_nn.ops
+    writes = []
+    real_set = ops._ops._set_programmatic_launch
+
+    def recording_set(enable):
+        writes.append(enable)
+        return real_set(enable)
+
+    monkeypatch.setattr(ops._ops, "_set_programmatic_launch", recording_set)
+    with ops.programmatic_launch(False):
+        assert ops.programmatic_launch_enabled() is False
+    assert len(writes) == 2  # the context manager's set and restore, nothing from the reads
+    assert ops.programmatic_launch_enabled() is (writes[-1] and cutlass_nn.build_info()["flavor"] == "cuda")
+    assert len(writes) == 2
+
+
 def test_version():
     ns: dict = {}
     exec((REPO / "cutlass_nn" / "_version.py").read_text(), ns)

@@ -296,24 +296,25 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
   EventPair events;
   if (!events.ok) return abandon();
   const bool accumulate = accumulates(like_p);
-  struct Timed {
+  // Every distinct kernel + choice tried so far (candidates that resolve to the same kernel with
+  // the same settings are tried once).
+  struct Tried {
     const void* kernel;
     Choice choice;
   };
-  std::vector<Timed> seen;
+  std::vector<Tried> tried;
   // The candidates that ran and matched the rule's result, timed after all are checked.
   constexpr double kNotTimed = std::numeric_limits<double>::infinity();
   constexpr double kFailed = -1.0;
-  struct TimedPlan {
-    GemmPlan plan;
+  struct Candidate {
+    GemmPlan plan;  // plan.name: the registry's name (static storage)
     Choice choice;
     at::Tensor workspace;
     bool is_rule;
-    const char* name;  // the registry's name (static storage)
     int reps;
     double best_ms;
   };
-  std::vector<TimedPlan> timed;
+  std::vector<Candidate> timed;
   Entry entry;
   double best_us = std::numeric_limits<double>::infinity();
   for (const auto& cand : kCandidates) {
@@ -332,12 +333,12 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
     Choice c{plan.params.sm90_config, plan.params.swizzle, plan.params.splits,
              plan.params.d_column_major};
     bool duplicate = false;
-    for (const Timed& t : seen) {
+    for (const Tried& t : tried) {
       duplicate = duplicate || (t.kernel == plan.kernel && t.choice.transposed == c.transposed &&
                                 t.choice.splits == c.splits && t.choice.swizzle == c.swizzle);
     }
     if (duplicate) continue;
-    seen.push_back({plan.kernel, c});
+    tried.push_back({plan.kernel, c});
     at::Tensor workspace;
     if (plan.workspace_bytes > 0) {
       workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)},
@@ -356,10 +357,10 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
     } else if (!same_output(buf.d, buf.reference)) {
       continue;  // a configuration that is wrong at this shape is never chosen
     }
-    timed.push_back({plan, c, workspace, is_rule, plan.name, 0, kNotTimed});
+    timed.push_back({plan, c, workspace, is_rule, 0, kNotTimed});
   }
   // Warm-up and batch size of each candidate, then the interleaved rounds.
-  for (TimedPlan& t : timed) {
+  for (Candidate& t : timed) {
     t.reps = batch_reps(t.plan, t.workspace, stream, events);
     if (t.reps < 0) {
       if (t.is_rule || cudaPeekAtLastError() != cudaSuccess) return abandon();
@@ -369,7 +370,7 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
   const size_t n = timed.size();
   for (int round = 0; round < kTimedRounds; ++round) {
     for (size_t j = 0; j < n; ++j) {
-      TimedPlan& t = timed[(j + static_cast<size_t>(round)) % n];
+      Candidate& t = timed[(j + static_cast<size_t>(round)) % n];
       if (t.best_ms == kFailed) continue;
       const double ms = batch_ms(t.plan, t.workspace, stream, events, t.reps);
       if (ms < 0) {
@@ -380,7 +381,7 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
       if (ms < t.best_ms) t.best_ms = ms;
     }
   }
-  for (const TimedPlan& t : timed) {
+  for (const Candidate& t : timed) {
     if (t.best_ms == kFailed) continue;
     const double us = t.best_ms * 1000.0;
     ++entry.candidates;
@@ -391,7 +392,7 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
     if (us < best_us) {
       best_us = us;
       entry.chosen = t.choice;
-      entry.kernel = t.name;
+      entry.kernel = t.plan.name;
     }
   }
   entry.best_us = best_us;

@@ -113,6 +113,7 @@ void run_planned(const char* op, const kernels::GemmPlan& plan, const at::Tensor
 bool set_force_sm80(bool enable) { return g_force_sm80.exchange(enable); }
 
 bool set_programmatic_launch(bool enable) { return kernels::set_programmatic_launch(enable); }
+bool programmatic_launch_enabled() { return kernels::programmatic_launch_enabled(); }
 
 const char* last_kernel_name() { return g_last_kernel.load(); }
 

@@ -52,6 +52,8 @@ bool set_force_sm80(bool enable);
 // Launch the SM90 GEMMs (16-bit, TF32 and FP8) with programmatic dependent launch
 // (kernels/launch_settings.h); returns the previous setting.
 bool set_programmatic_launch(bool enable);
+// The current setting of the above.
+bool programmatic_launch_enabled();
 
 // Name of the kernel the last gemm() on this thread ran ("" if none): for tests of dispatch.
 const char* last_kernel_name();
