@@ -107,6 +107,14 @@ RULE_CASES = {
     ("fwd", 4096, 4096, 4096): (0, 0, 0, False),  # 512 tiles over K = 4096: config 0
     ("fwd", 4096, 1024, 8192): (0, 0, 0, False),  # one wave over K > 4096: not measured
     ("fwd", 4096, 8192, 512): (3, 0, 0, False),  # 1024 tiles: beyond four waves
+    # no swizzle where its rounding of the tile grid would add a wave (v0.24): 13 x 10 tiles of
+    # 256x128 are 130, one wave; with a swizzle of 2 CUTLASS's scheduler walks 14 x 12 = 168
+    ("fwd", 3328, 1280, 1024): (14, 1, 0, False),
+    ("fwd", 2816, 1536, 1024): (14, 1, 0, False),  # 11 x 12 = 132 -> 12 x 12 = 144
+    ("wgrad", 2816, 2816, 1024): (14, 1, 0, False),  # 11 x 22 = 242 -> 12 x 24 = 288: 3 waves
+    ("fwd", 3072, 2816, 1024): (14, 1, 0, False),  # 12 x 22 = 264 (2 waves) -> 12 x 24 = 288 (3)
+    ("fwd", 4096, 2816, 1024): (14, 2, 0, False),  # 16 x 22 = 352 -> 16 x 24 = 384: 3 waves either way
+    ("wgrad", 5120, 512, 1024): (10, 0, 0, False),  # 40 x 3 tiles of 128x192: 120 -> 40 x 4 = 160
 }
 
 
@@ -117,6 +125,45 @@ def test_rule_at_transformer_shapes(harness, case):
     assert (got.config, got.swizzle, got.splits, got.transposed) == RULE_CASES[case], got
     assert got.kernel.startswith("sm90_tma_ws_bf16_bf16_"), got
     assert ("swapab" in got.kernel) == got.transposed, got
+
+
+def _scheduled_tiles(rows, cols, cluster_m, cluster_n, swizzle):
+    """CUTLASS 4.2's SM90 persistent scheduler (tile_scheduler_params.h, written out here
+    independently of the rule's C++): CTA tiles per side rounded up to the cluster, the
+    swizzle lowered by the grid's shorter side, each side then rounded up to cluster x swizzle."""
+    up = lambda x, to: -(-x // to) * to  # noqa: E731
+    rows, cols = up(rows, cluster_m), up(cols, cluster_n)
+    shorter = min(rows, cols)
+    applied = 8 if swizzle >= 8 and shorter >= 6 else 4 if swizzle >= 4 and shorter >= 3 else (
+        2 if swizzle >= 2 and shorter >= 2 else 1)
+    return up(rows, applied * cluster_m) * up(cols, applied * cluster_n)
+
+
+# the clustered configurations the rule picks with a swizzle: tile (rows, cols), cluster (m, n)
+_CLUSTERED = {13: ((128, 64), (1, 2)), 14: ((256, 128), (1, 2)), 10: ((128, 192), (2, 1))}
+
+
+@pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad"])
+def test_rule_swizzle_never_adds_a_wave(harness, op):
+    """Over a grid of transformer-like shapes, whenever the rule gives configuration 10, 13 or
+    14 a swizzle, the tiles CUTLASS's scheduler then walks take no more waves of the SMs than
+    with no swizzle (v0.24: 3328 x 1280 x 1024 ran two waves with a swizzle of 2, at 0.57 of
+    cuBLAS, against 0.95 with one)."""
+    checked = 0
+    for t in (1000, 1024, 3000, 3328, 4096, 5000):
+        for out in (512, 768, 1280, 1536, 2816, 3072, 5120):
+            for inner in (1024, 2816, 4096):
+                m, n, k = {"fwd": (t, out, inner), "dgrad": (t, inner, out),
+                           "wgrad": (out, inner, t)}[op]
+                got = plan(harness, op, m, n, k)
+                if got.config not in _CLUSTERED or got.swizzle <= 1 or got.transposed:
+                    continue
+                (tm, tn), (cm, cn) = _CLUSTERED[got.config]
+                rows, cols = -(-m // tm), -(-n // tn)
+                waves = [-(-_scheduled_tiles(rows, cols, cm, cn, s) // SMS) for s in (1, got.swizzle)]
+                assert waves[1] == waves[0], (op, m, n, k, got, waves)
+                checked += 1
+    assert checked > 0  # the rule does swizzle some of these
 
 
 def test_float32_output_never_gets_the_16bit_only_configurations(harness):

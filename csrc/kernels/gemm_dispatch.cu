@@ -128,29 +128,66 @@ bool is_swapped_config(int config) { return config >= 4 && config <= 7; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The number of tiles CUTLASS's SM90 persistent scheduler walks for a grid of `rows` x `cols`
+// tiles (its tile_scheduler_params.h): each side is rounded up to the cluster, then to the
+// cluster times the swizzle it applies (the requested one, lowered to 1 where the grid's
+// shorter side has under 2 cluster-rounded tiles, to 2 under 3, to 4 under 6). The rounded-up
+// tiles lie outside the problem but take a CTA's turn like real ones, so a swizzle can add a
+// wave: 13 x 10 tiles of 256x128 with a 1x2 cluster are 130 (one wave on 132 SMs), with a
+// swizzle of 2 they are 14 x 12 = 168 (two; 3328 x 1280 x 1024 forward 0.571 of cuBLAS vs 0.947
+// with no swizzle: results/sweep_nvidia-h100-80gb-hbm3_20261126-113615.json).
+int64_t scheduled_tiles(int64_t rows, int64_t cols, int64_t cluster_m, int64_t cluster_n,
+                        int swizzle) {
+  rows = round_up(rows, cluster_m);
+  cols = round_up(cols, cluster_n);
+  const int64_t shorter = std::min(rows, cols);
+  int64_t applied = 1;
+  if (swizzle >= 8 && shorter >= 6) {
+    applied = 8;
+  } else if (swizzle >= 4 && shorter >= 3) {
+    applied = 4;
+  } else if (swizzle >= 2 && shorter >= 2) {
+    applied = 2;
+  }
+  return round_up(rows, applied * cluster_m) * round_up(cols, applied * cluster_n);
+}
+
+// The swizzle of 2 for a clustered configuration unless the tiles it adds make another wave
+// (then none: the tiles are the same, their order only costs some L2 reuse).
+int swizzle2_unless_extra_wave(int64_t rows, int64_t cols, int64_t cluster_m, int64_t cluster_n,
+                               int64_t sms) {
+  const int64_t waves1 = ceil_div(scheduled_tiles(rows, cols, cluster_m, cluster_n, 1), sms);
+  const int64_t waves2 = ceil_div(scheduled_tiles(rows, cols, cluster_m, cluster_n, 2), sms);
+  return waves2 > waves1 ? 1 : 2;
+}
+
 // Whether the 128x192 tile (config 10) beats config 0's 128x256 on wave quantization: the work
 // of the waves each needs, a wave of 128x192 tiles costing 3/4 of one of 128x256 tiles, is at
 // least 5% less (4096 x 3584: 5 waves of 192-wide tiles vs 4 of 256-wide, 960 vs 1024;
 // 4096 x 768: one wave either way, 192 vs 256).
 bool tile192_fills_waves_better(const GemmParams& p, int64_t sms) {
   const int64_t rows = ceil_div(p.m, 128);
-  const int64_t cost256 = ceil_div(rows * ceil_div(p.n, 256), sms) * 256;
-  const int64_t cost192 = ceil_div(rows * ceil_div(p.n, 192), sms) * 192;
+  const int64_t cost256 = ceil_div(scheduled_tiles(rows, ceil_div(p.n, 256), 2, 1, 1), sms) * 256;
+  const int64_t cost192 = ceil_div(scheduled_tiles(rows, ceil_div(p.n, 192), 2, 1, 1), sms) * 192;
   return cost192 * 20 <= cost256 * 19;
 }
 
 // The 128x192 configuration, with a scheduler swizzle of 4 where its tiles make at most 4
-// columns (N <= 768: measured 2-7% faster than no swizzle).
-Sm90Choice tile192_choice(const GemmParams& p) {
+// columns (N <= 768: measured 2-7% faster than no swizzle) and the swizzle adds no wave.
+Sm90Choice tile192_choice(const GemmParams& p, int64_t sms) {
   Sm90Choice c;
   c.config = kTile192Config;
-  if (ceil_div(p.n, 192) <= 4) c.swizzle = 4;
+  const int64_t rows = ceil_div(p.m, 128), cols = ceil_div(p.n, 192);
+  if (cols <= 4 && ceil_div(scheduled_tiles(rows, cols, 2, 1, 4), sms) ==
+                       ceil_div(scheduled_tiles(rows, cols, 2, 1, 1), sms)) {
+    c.swizzle = 4;
+  }
   return c;
 }
 
-// Whether a problem's 128x192 tiles fill 85-100% of one wave of the SMs.
+// Whether a problem's 128x192 tiles (2x1 cluster) fill 85-100% of one wave of the SMs.
 bool tile192_fills_one_wave(const GemmParams& p, int64_t sms) {
-  const int64_t tiles192 = ceil_div(p.m, 128) * ceil_div(p.n, 192);
+  const int64_t tiles192 = scheduled_tiles(ceil_div(p.m, 128), ceil_div(p.n, 192), 2, 1, 1);
   return tiles192 <= sms && tiles192 * 20 >= sms * 17;
 }
 
@@ -160,7 +197,7 @@ bool tile192_fills_one_wave(const GemmParams& p, int64_t sms) {
 // gradient over 4096 tokens 0.79-0.80 vs 0.72-0.73 for split-K; the 4096 x 256 x 1024 forward
 // 0.95 vs 0.92 for the transposed problem).
 bool tile128x64_fills_one_wave(const GemmParams& p, int64_t sms) {
-  const int64_t tiles = ceil_div(p.m, 128) * ceil_div(p.n, 64);
+  const int64_t tiles = scheduled_tiles(ceil_div(p.m, 128), ceil_div(p.n, 64), 1, 2, 1);
   return p.dtype_cd == p.dtype_ab && p.m >= 1024 && p.n >= 256 && p.k >= 1024 && tiles <= sms &&
          tiles * 20 >= sms * 17;
 }
@@ -176,14 +213,15 @@ bool tile128x64_fills_one_wave(const GemmParams& p, int64_t sms) {
 // 0.976-0.985 vs 1.004-1.010 for config 0).
 bool tile256x128_takes(const GemmParams& p, int64_t sms) {
   if (p.dtype_cd != p.dtype_ab || p.m < 1024 || p.n < 1024 || p.k < 256) return false;
-  const int64_t tiles = ceil_div(p.m, 256) * ceil_div(p.n, 128);
+  const int64_t tiles = scheduled_tiles(ceil_div(p.m, 256), ceil_div(p.n, 128), 1, 2, 1);
   return (tiles <= sms && p.k <= 4096) || (tiles <= 4 * sms && p.k <= 1024);
 }
 
-Sm90Choice tile256x128_choice() {
+// Config 14 with a swizzle of 2 (v0.22), none where that would add a wave (v0.24).
+Sm90Choice tile256x128_choice(const GemmParams& p, int64_t sms) {
   Sm90Choice c;
   c.config = kTile256x128Config;
-  c.swizzle = 2;
+  c.swizzle = swizzle2_unless_extra_wave(ceil_div(p.m, 256), ceil_div(p.n, 128), 1, 2, sms);
   return c;
 }
 
@@ -214,7 +252,7 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
     }
     if (tile128x64_fills_one_wave(p, sms)) {
       c.config = kTile128x64Config;
-      c.swizzle = 2;
+      c.swizzle = swizzle2_unless_extra_wave(ceil_div(p.m, 128), ceil_div(p.n, 64), 1, 2, sms);
       return c;
     }
     c.config = 2;
@@ -232,7 +270,7 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
     if (wgrad_layout && p.dtype_cd == p.dtype_ab) {
       c.config = p.k <= 128 ? kShortKWideConfig : kShortKConfig;
     } else if (tile256x128_takes(p, sms)) {
-      return tile256x128_choice();  // K = 256: the 4096 x 1024 x 256 dgrad layout 0.933 vs 0.893
+      return tile256x128_choice(p, sms);  // K = 256: the 4096 x 1024 x 256 dgrad layout 0.933 vs 0.893
     }
     return c;
   }
@@ -243,12 +281,12 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
   // 16384 tokens 0.73-0.75 vs 1.01: results/bench_nvidia-h100-80gb-hbm3_20261125-155457.json).
   if (wgrad_layout && tiles128 * 5 <= sms * 7 && p.k >= 2048) {
     if (same_dtype_out && p.m <= p.n && tile192_fills_one_wave(p, sms)) {
-      return tile192_choice(p);
+      return tile192_choice(p, sms);
     }
     c.config = 2;
     return c;
   }
-  if (tile256x128_takes(p, sms)) return tile256x128_choice();
+  if (tile256x128_takes(p, sms)) return tile256x128_choice(p, sms);
   // More than a wave of 128x256 tiles but a last wave much emptier than 128x128 tiles would
   // leave it, over a long K: 128x128 data-parallel tiles.
   if (tiles256 >= sms && p.k >= 2048) {
@@ -264,7 +302,9 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
     c.config = 3;
     return c;
   }
-  if (same_dtype_out && p.m >= 1024 && tile192_fills_waves_better(p, sms)) return tile192_choice(p);
+  if (same_dtype_out && p.m >= 1024 && tile192_fills_waves_better(p, sms)) {
+    return tile192_choice(p, sms);
+  }
   // Config 0 over a long raster row: CUTLASS walks the shorter side of the tile grid first, so
   // each row of tiles sweeps one whole operand; from 48 tiles per row on, a swizzle of 2 (two
   // rows side by side) halves that operand's re-reads from memory (16384 x 18944 x 3584
@@ -359,6 +399,10 @@ bool tile128x64_replaces_transposed(const GemmParams& p) {
 //     waves over K <= 1024 (ahead of the ping-pong and data-parallel choices below; after the
 //     mid-size wgrad's stream-K and 128x192 choices, which beat it there): 1.5-4% over the
 //     previous rule on the host-size models' GEMMs, every layout (tile256x128_takes);
+//   * v0.24: the swizzles of configs 10, 13 and 14 only where CUTLASS's rounding of the tile
+//     grid to cluster x swizzle adds no wave, and their one-wave tests count the tiles the
+//     scheduler walks (scheduled_tiles; 3328 x 1280 x 1024 forward: 0.571 with config 14's
+//     swizzle of 2, 0.947 without);
 //   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent): the tile cuBLAS
 //     picks most at these shapes (its nvjet 256x128 1x2 kernels, results/cublas_kernels_*),
 //     with a scheduler swizzle of 2 from 48 tiles along the grid's shorter side (v0.10:
