@@ -115,6 +115,12 @@ RULE_CASES = {
     ("fwd", 3072, 2816, 1024): (14, 1, 0, False),  # 12 x 22 = 264 (2 waves) -> 12 x 24 = 288 (3)
     ("fwd", 4096, 2816, 1024): (14, 2, 0, False),  # 16 x 22 = 352 -> 16 x 24 = 384: 3 waves either way
     ("wgrad", 5120, 512, 1024): (10, 0, 0, False),  # 40 x 3 tiles of 128x192: 120 -> 40 x 4 = 160
+    # the 128x192 tile in place of the transposed problem again where config 14 had displaced it
+    # from the row-major rule (v0.25): N >= 2048, not the weight gradient's layout
+    ("fwd", 1024, 2816, 2816): (10, 0, 0, False),  # transposed 0.61, config 14 0.74-0.77, 10 0.90-0.94
+    ("dgrad", 1024, 3072, 1024): (10, 0, 0, False),
+    ("wgrad", 2816, 1024, 1024): (14, 2, 0, False),  # no transposed kernels: config 14 stays
+    ("fwd", 2048, 1536, 1024): (7, 0, 0, True),  # N < 2048: the 128x192 tile is slow there
 }
 
 

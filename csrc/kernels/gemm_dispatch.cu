@@ -225,8 +225,9 @@ Sm90Choice tile256x128_choice(const GemmParams& p, int64_t sms) {
   return c;
 }
 
-// The rule for row-major D (see choose_sm90_config).
-Sm90Choice choose_row_major_config(const GemmParams& p) {
+// The rule for row-major D (see choose_sm90_config). `with_tile256x128` false: the rule as it
+// was before config 14 (v0.21), which tile192_replaces_transposed asks.
+Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = true) {
   const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
   const int64_t tiles128 = ceil_div(p.m, 128) * ceil_div(p.n, 128);
@@ -269,7 +270,7 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
   if (p.k <= 256) {
     if (wgrad_layout && p.dtype_cd == p.dtype_ab) {
       c.config = p.k <= 128 ? kShortKWideConfig : kShortKConfig;
-    } else if (tile256x128_takes(p, sms)) {
+    } else if (with_tile256x128 && tile256x128_takes(p, sms)) {
       return tile256x128_choice(p, sms);  // K = 256: the 4096 x 1024 x 256 dgrad layout 0.933 vs 0.893
     }
     return c;
@@ -286,7 +287,7 @@ Sm90Choice choose_row_major_config(const GemmParams& p) {
     c.config = 2;
     return c;
   }
-  if (tile256x128_takes(p, sms)) return tile256x128_choice(p, sms);
+  if (with_tile256x128 && tile256x128_takes(p, sms)) return tile256x128_choice(p, sms);
   // More than a wave of 128x256 tiles but a last wave much emptier than 128x128 tiles would
   // leave it, over a long K: 128x128 data-parallel tiles.
   if (tiles256 >= sms && p.k >= 2048) {
@@ -323,6 +324,23 @@ bool tile192_replaces_transposed(const GemmParams& p) {
   const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
   return tiles256 * 4 < 3 * sms && p.dtype_cd == p.dtype_ab && p.m >= 1024 &&
          tile192_fills_one_wave(p, sms) && choose_row_major_config(p).config == kTile192Config;
+}
+
+// Whether the rule's transposed choice for a problem gives way to the 128x192 tile that the rule
+// picked before config 14 existed (v0.25): the same conditions as tile192_replaces_transposed,
+// asked of the rule without config 14, for the layouts that run transposed (not the weight
+// gradient's, whose transposed problem has no kernels and which keeps config 14), from N = 2048
+// (the 128x192 tile ran at 0.53-0.73 of cuBLAS at N = 1024-1536 in every layout, NOTES v0.23,
+// and at 0.86-0.99 at N = 768, 2816 and 3584). From v0.22 to
+// v0.24 config 14 took the row-major rule's place at these shapes, so they went back to the
+// transposed kernels: 1024 x 2816 x 2816 forward 0.607 transposed, 0.74-0.77 config 14,
+// 0.90-0.94 the 128x192 tile (results/sweep_nvidia-h100-80gb-hbm3_20261126-115131.json).
+bool tile192_replaces_transposed_without_config14(const GemmParams& p) {
+  const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
+  const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
+  return !wgrad_layout && p.dtype_cd == p.dtype_ab && p.m >= 1024 && p.n >= 2048 &&
+         tile192_fills_one_wave(p, sms) &&
+         choose_row_major_config(p, false).config == kTile192Config;
 }
 
 // Whether a problem the rule would transpose runs on config 13's 128x64 tiles instead, where
@@ -403,6 +421,9 @@ bool tile128x64_replaces_transposed(const GemmParams& p) {
 //     grid to cluster x swizzle adds no wave, and their one-wave tests count the tiles the
 //     scheduler walks (scheduled_tiles; 3328 x 1280 x 1024 forward: 0.571 with config 14's
 //     swizzle of 2, 0.947 without);
+//   * v0.25: the 128x192 tile again in place of the transposed problem where config 14 had
+//     taken its place in the row-major rule (N >= 2048, not the weight gradient's layout;
+//     1024 x 2816 x 2816 forward: 0.607 transposed, 0.90-0.94 with the 128x192 tile);
 //   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent): the tile cuBLAS
 //     picks most at these shapes (its nvjet 256x128 1x2 kernels, results/cublas_kernels_*),
 //     with a scheduler swizzle of 2 from 48 tiles along the grid's shorter side (v0.10:
@@ -432,6 +453,7 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
     // K = 3584 on (512x4096x11008 forward 0.53 vs 0.97); the 64-row one won up to K = 8192.
     const bool long_k_wide_tile = i == 3 && p.k > 3072;
     if (!long_k_wide_tile && weight_tiles * ceil_div(p.m, kSwappedTiles[i].rows) * 4 >= sms) {
+      if (tile192_replaces_transposed_without_config14(p)) return choose_row_major_config(p, false);
       Sm90Choice c;
       c.config = kSwappedTiles[i].config;
       return c;
