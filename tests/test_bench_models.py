@@ -286,3 +286,27 @@ def test_host_cost_loop_on_cpu():
         assert r["ratio"] == pytest.approx(r["ours_us"] / r["torch_us"])
         assert r["pass"] == (r["ratio"] <= bench_host.TARGET_RATIO)
     assert len(bench_host.format_rows(rows)) == 2 + 4
+
+
+def test_vocab_option_reaches_every_row(monkeypatch, tmp_path):
+    """--vocab N builds every model with that vocabulary (the families' own sizes: GPT-2
+    50257, BERT 30522, whose logits' rows are not 16-byte multiples); without it, 32000."""
+    from cutlass_nn.bench import cli as bench
+
+    seen = []
+
+    def fake_row(spec, *, sizes, **kwargs):
+        seen.append((spec.size, sizes[spec.size].vocab, sizes[spec.size].hidden))
+        return {"family": spec.family, "size": spec.size, "mode": spec.mode,
+                "label": spec.label, "status": "skipped", "note": "stand-in"}
+
+    monkeypatch.setattr(bench, "gpu_run_meta", lambda argv: {"device": "stand-in", "torch": "x"})
+    monkeypatch.setattr(bench_models, "run_row", fake_row)
+    monkeypatch.setattr(bench_models, "plot", lambda *a, **k: None)
+    common = ["--what", "models", "--families", "gpt", "--modes", "eager", "--out", str(tmp_path)]
+    assert bench_models.main(common + ["--vocab", "50257"]) == 0
+    assert seen == [("host", 50257, 1024), ("gpu", 50257, 4096)]
+    seen.clear()
+    assert bench_models.main(common) == 0
+    assert seen == [("host", 32000, 1024), ("gpu", 32000, 4096)]
+    assert bench_models.MODEL_SIZES["host"].vocab == 32000  # the defaults are not mutated

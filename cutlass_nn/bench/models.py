@@ -4,7 +4,7 @@
 Usage::
 
     python -m cutlass_nn.bench --what models [--families llama,gpt,bert] [--sizes host,gpu]
-                               [--modes eager,compile,reduce-overhead] [--steps 20] [--out DIR]
+        [--modes eager,compile,reduce-overhead] [--steps 20] [--vocab N] [--out DIR]
     python -m cutlass_nn.bench --what models --combine A.json B.json ...   # one JSON + PNG
 
 Models come from ``transformers`` configs with random initialization (nothing is downloaded):
@@ -17,8 +17,8 @@ Models come from ``transformers`` configs with random initialization (nothing is
 * ``bert``: a BERT-style encoder with its masked-LM head, trained on every token.
 
 Each at a host-bound size (hidden 1024, 2 layers) and a GPU-bound one (hidden 4096, 2 layers),
-4096 tokens per step (batch 4 x 1024), bfloat16 parameters, fused AdamW, in eager mode, under
-``torch.compile`` and under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs).
+4096 tokens per step (batch 4 x 1024), vocabulary 32000 (``--vocab``), bfloat16 parameters,
+fused AdamW, in eager mode, under ``torch.compile`` and ``mode="reduce-overhead"``.
 
 Method per row (family, size, mode): the stock model and the converted copy of the same initial
 weights are built and warmed up (compiled) one after the other, and the first step of each is
@@ -29,10 +29,10 @@ block (and which goes first each round), so that drift of the host's speed reach
 both step through the same batches. Step time = the median over a side's blocks of block wall
 time / steps. Peak memory of a side = what it keeps allocated after its warm-up (parameters,
 optimizer state, compiled graphs' memory; torch's cuBLAS workspaces excluded) + the largest rise
-of the allocator's peak during one of its blocks. Reported: step time, tokens/s, ratio (stock
-step time / converted step time: > 1 means the converted model is faster), peak allocated memory during the timed steps and its ratio
-(converted / stock), the host time to enqueue one step, and the largest loss difference over all
-timed steps (agreement: at most ``LOSS_RTOL`` of the stock loss). ``--liger`` and ``--torchao``
+of the allocator's peak during one of its blocks. Reported: step time, tokens/s, ratio (stock /
+converted step time: > 1, converted faster), peak memory and its ratio (converted / stock), host
+time to enqueue a step, the largest loss difference (at most ``LOSS_RTOL`` of the stock loss:
+agreement). ``--liger`` and ``--torchao``
 add a third side, another project's speed-up of the same stock model
 (:mod:`cutlass_nn.bench.peers`). ``--pdl-ab`` adds the converted model with programmatic
 dependent launch off around all its steps (``pdl_speedup``: its step time / the converted one's).
@@ -49,7 +49,7 @@ import sys
 import time
 import traceback
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -355,13 +355,8 @@ def run_row(
     exception is recorded as status "error")."""
     size = sizes[spec.size]
     row: dict[str, Any] = {
-        "family": spec.family,
-        "size": spec.size,
-        "mode": spec.mode,
-        "label": spec.label,
-        "model": asdict(size),
-        "tokens_per_step": size.batch * size.seq,
-        "status": "error",
+        "family": spec.family, "size": spec.size, "mode": spec.mode, "label": spec.label,
+        "model": asdict(size), "tokens_per_step": size.batch * size.seq, "status": "error",
     }
     try:
         batches = make_batches(size, 4, device)
@@ -567,6 +562,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compiles)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--time-limit", type=float, default=540.0, help="seconds; later rows skipped")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary size of every model "
+                   "(default 32000; GPT-2's own is 50257, BERT's 30522)")
     p.add_argument("--autotune", action="store_true",
                    help="convert with example_inputs (the first batch): cutlass_nn.autotune "
                    "tunes the converted model's GEMM problems before its timed steps")
@@ -653,6 +650,7 @@ def main(argv: Sequence[str]) -> int:
     cutlass_nn.fp8.reuse_quantized_inputs(bool(args.fp8_reuse))
     meta["programmatic_launch"] = cutlass_nn.ops.programmatic_launch_enabled()
     specs = plan(args.families, args.sizes, args.modes)
+    sizes = {k: replace(v, vocab=args.vocab or v.vocab) for k, v in MODEL_SIZES.items()}
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"models_{bench._slug(meta)}_{bench._stamp()}"
     json_path = args.out / f"{stem}.json"
@@ -666,7 +664,7 @@ def main(argv: Sequence[str]) -> int:
                    "label": spec.label, "status": "skipped", "note": "time limit"}
         else:
             row = run_row(spec, steps=args.steps, block=args.block, warmup=args.warmup,
-                          autotune=args.autotune, fuse_norm=args.fuse_norm,
+                          sizes=sizes, autotune=args.autotune, fuse_norm=args.fuse_norm,
                           fuse_mlp=args.fuse_mlp, fuse_head=args.fuse_head,
                           fuse_rope=args.fuse_rope, liger=args.liger, fp8=args.fp8,
                           torchao=args.torchao, pdl_ab=args.pdl_ab)
