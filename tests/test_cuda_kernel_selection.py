@@ -473,7 +473,7 @@ TRANSFORMER_RULE_CASES = [
     ("linear", (512, 12288, 4096), 2),  # 192 tiles of 128x256 (1.45 waves): data-parallel 128x128
     ("linear", (4096, 2304, 768), 14),  # 288 tiles of 256x128, K <= 1024
     ("linear", (4096, 8192, 1024), 3),  # short-ish K, 1024 tiles: ping-pong
-    ("linear_dgrad", (4096, 4096, 11008), 3),  # dgrad GEMM 4096 x 11008 x 4096: 2752 tiles (v0.23)
+    ("linear_dgrad", (4096, 4096, 11008), 0),  # dgrad GEMM 4096 x 11008 x 4096: 2752 tiles (v0.26)
     ("linear", (4096, 4096, 11008), 0),  # K = 11008: 128x256 cooperative
     ("linear", (3328, 1280, 1024), 14),  # 130 tiles: no swizzle, which would make 168 (v0.24)
     ("linear", (1024, 2816, 2816), 10),  # 128x192 tiles, not the transposed problem (v0.25)

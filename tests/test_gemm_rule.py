@@ -84,9 +84,10 @@ RULE_CASES = {
     ("fwd", 16384, 18944, 3584): (0, 2, 0, False),
     ("fwd", 16384, 14336, 4096): (0, 2, 0, False),
     ("fwd", 16384, 4096, 14336): (0, 0, 0, False),  # 16 tiles along N
-    ("fwd", 4096, 11008, 4096): (3, 0, 0, False),  # 2752 tiles of 128x128, K <= 4096 (v0.23)
-    ("dgrad", 4096, 11008, 4096): (3, 0, 0, False),
-    ("wgrad", 16384, 4096, 4096): (3, 0, 0, False),  # 4096 tiles
+    ("fwd", 4096, 11008, 4096): (0, 0, 0, False),  # 2752 tiles of 128x128: config 0 (v0.26)
+    ("dgrad", 4096, 11008, 4096): (0, 0, 0, False),
+    ("wgrad", 16384, 4096, 4096): (0, 0, 0, False),  # 4096 tiles
+    ("fwd", 2048, 11008, 4096): (3, 0, 0, False),  # 1376 tiles of 128x128, K <= 4096: ping-pong
     ("fwd", 4096, 4096, 11008): (0, 0, 0, False),  # K > 4096
     ("fwd", 8192, 16384, 4096): (0, 2, 0, False),  # 8192 tiles: beyond 4096, config 0 swizzle 2
     # ping-pong for short K from 512 tiles (v0.8), beyond config 14's four waves (v0.22)

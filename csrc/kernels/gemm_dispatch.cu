@@ -299,7 +299,7 @@ Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = 
       return c;
     }
   }
-  if ((p.k <= 2048 && tiles128 >= 512) || (tiles128 > 1024 && tiles128 <= 4096 && p.k <= 4096)) {
+  if ((p.k <= 2048 && tiles128 >= 512) || (tiles128 > 1024 && tiles128 < 2048 && p.k <= 4096)) {
     c.config = 3;
     return c;
   }
@@ -393,11 +393,11 @@ bool tile128x64_replaces_transposed(const GemmParams& p) {
 //   * config 3, 128x128 ping-pong with a 1x2 cluster, whose epilogue overlaps the other
 //     warpgroup's mainloop: for K <= 2048 from 512 tiles of 128x128 on (4096x2304x768 forward
 //     0.90 vs 0.78, 4096x8192x1024 1.08 vs 0.95), and for 1025..2047 tiles with K <= 4096
-//     (H200: 2048x11008x4096 forward 1.00 vs 0.94, wgrad 1.07 vs 0.98); v0.23, up to 4096
-//     tiles (the 4096-token GPU-size MLPs and QKV projections, H100, sweep -090607: 4096x11008x4096
-//     forward 1.10 vs 1.01, 4096x16384x4096 1.03 vs 0.97, the dgrad GEMM 4096 x 11008 x 4096 1.02
-//     vs 1.01, 16384 x 4096 wgrad 1.06 vs 1.01; an earlier H100 sweep, v0.8, had that dgrad at
-//     0.88 vs 1.01). Not beyond 4096 tiles (16384 tokens: config 0 with its swizzle measured);
+//     (H200: 2048x11008x4096 forward 1.00 vs 0.94, wgrad 1.07 vs 0.98). Not from 2048 tiles:
+//     v0.23 took it up to 4096 tiles (the 4096-token GPU-size MLPs and QKV projections), where
+//     three H100 sweeps had it 3-10% ahead of config 0 GEMM by GEMM, but the GPU-size compiled
+//     model rows of those builds fell (llama 0.973, gpt 0.937 vs 0.99 / 0.98-1.01 with config 0),
+//     so v0.26 takes it back (NOTES v0.23);
 //   * v0.10: the weight gradient of a small layer (few tiles, wgrad layout, 16-bit out): the
 //     whole-K 64-row ping-pong tiles (configs 11, 12) where they give each consumer warpgroup at
 //     most one tile and the output has at most 256 rows or K <= 1024 (256 x 1024 over 4096
