@@ -24,6 +24,40 @@ _gated_act = torch.ops.cutlass_nn.gated_act.default
 _gated_mlp = torch.ops.cutlass_nn.gated_mlp.default
 _rotary_embedding = torch.ops.cutlass_nn.rotary_embedding.default
 
+# Under torch.compile, a 16-bit CUDA linear layer with at least this many weight elements whose
+# out_features is not a multiple of 8 (a language-model head over a vocabulary such as GPT-2's
+# 50257 or BERT's 30522) runs as the layer padded to the next multiple of 8 rows, its output
+# sliced back (_linear_padded_rows).
+_PAD_ROWS_MIN_WEIGHT = 1 << 20
+
+
+def _pads_rows_when_compiled(weight: Tensor) -> bool:
+    """Whether torch.compile is tracing a linear layer whose output rows would not be 16-byte
+    multiples, on a CUDA device in 16-bit (or under CUDA autocast).
+
+    The operator itself runs such layers on padded copies (its TMA kernels need 16-byte row
+    strides), in separate passes: a padded result copied back, the gradient padded for each
+    backward GEMM. Traced as padded weight -> aligned GEMM -> slice instead, Inductor fuses the
+    padding into the kernels around the GEMMs, as it does for the stock model's (its shape
+    padding; NOTES v0.23: the compiled GPT-2-vocabulary model at 0.75x stock without this)."""
+    if not torch.compiler.is_compiling() or weight.dim() != 2 or weight.device.type != "cuda":
+        return False
+    rows, cols = weight.shape
+    half = weight.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda")
+    return half and rows % 8 != 0 and rows * cols >= _PAD_ROWS_MIN_WEIGHT
+
+
+def _linear_padded_rows(input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``linear(input, weight, bias)`` computed with ``weight`` (and ``bias``) padded with zero
+    rows to a multiple of 8 and the extra output columns sliced off: the same values, the
+    result a view with a padded row stride."""
+    rows = weight.shape[0]
+    pad = -rows % 8
+    weight = torch.nn.functional.pad(weight, (0, 0, 0, pad))
+    bias = None if bias is None else torch.nn.functional.pad(bias, (0, pad))
+    return _linear(input, weight, bias)[..., :rows]
+
+
 __all__ = [
     "linear",
     "mm",
@@ -61,6 +95,8 @@ def linear(
         backward when gradients are needed. Follows ``torch.autocast`` like ``F.linear``.
     """
     if activation is None or activation == "none":
+        if _pads_rows_when_compiled(weight):
+            return _linear_padded_rows(input, weight, bias)
         return _linear(input, weight, bias)
     ops._check_activation_type("linear_act", activation)
     return _linear_act(input, weight, bias, activation)

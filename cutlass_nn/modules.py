@@ -157,6 +157,8 @@ class CutlassLinear(nn.Linear):
         # One operator call (autocast, autograd and the kernel run in C++); with an activation,
         # linear_act, whose autograd kernel keeps the pre-activation when it is needed.
         if self.activation is None:
+            if F._pads_rows_when_compiled(self.weight):
+                return F._linear_padded_rows(input, self.weight, self.bias)
             return _linear(input, self.weight, self.bias)
         return _linear_act(input, self.weight, self.bias, self.activation)
 

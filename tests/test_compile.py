@@ -160,3 +160,56 @@ def test_compiled_backward_with_a_transposed_gradient_matches_eager():
     assert grads.keys() == grads2.keys() == {"proj.weight", "proj.bias"}
     for n in grads:
         torch.testing.assert_close(grads[n], grads2[n], msg=n)
+
+
+def test_misaligned_rows_padded_only_when_compiled_on_cuda(monkeypatch):
+    """The padded-rows form of a linear layer (out_features not a multiple of 8, 16-bit, large:
+    a language-model head) is chosen only while torch.compile traces a CUDA layer."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from cutlass_nn import functional as F
+
+    with FakeTensorMode():
+        head = torch.empty(50257, 768, dtype=torch.bfloat16, device="cuda")
+        aligned = torch.empty(50264, 768, dtype=torch.bfloat16, device="cuda")
+        small = torch.empty(1001, 768, dtype=torch.bfloat16, device="cuda")
+        fp32 = torch.empty(50257, 768, dtype=torch.float32, device="cuda")
+    cpu_head = torch.empty(50257, 768, dtype=torch.bfloat16)
+    assert not F._pads_rows_when_compiled(head)  # eager
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert F._pads_rows_when_compiled(head)
+    assert not F._pads_rows_when_compiled(aligned)
+    assert not F._pads_rows_when_compiled(small)  # 1001 x 768 < 2^20 elements
+    assert not F._pads_rows_when_compiled(fp32)  # float32 outside autocast
+    assert not F._pads_rows_when_compiled(cpu_head)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_padded_rows_matches_linear_under_compile(monkeypatch, bias):
+    """The padded-rows form gives linear's values and gradients, eager and compiled
+    (fullgraph, the form forced on this CPU so that the compiled graph really contains it)."""
+    from cutlass_nn import functional as F
+
+    torch.manual_seed(0)
+    layer = cutlass_nn.CutlassLinear(24, 37, bias=bias)  # 37 output rows: not a multiple of 8
+    x = torch.randn(5, 3, 24)
+    y = F._linear_padded_rows(x, layer.weight, layer.bias)
+    assert y.shape == (5, 3, 37) and y.stride(-2) == 40  # a view of the padded result
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+    monkeypatch.setattr(F, "_pads_rows_when_compiled", lambda weight: weight.shape[0] % 8 != 0)
+    seen = []
+    real = F._linear_padded_rows
+    monkeypatch.setattr(F, "_linear_padded_rows", lambda *a: seen.append(1) or real(*a))
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True)
+    eager = _run(lambda t: torch.nn.functional.linear(t, layer.weight, layer.bias), layer, x)
+    for p in layer.parameters():
+        p.grad = None
+    got = _run(compiled, layer, x)
+    assert seen, "the compiled forward did not take the padded-rows form"
+    torch.testing.assert_close(got[0], eager[0])
+    torch.testing.assert_close(got[1], eager[1])
+    assert got[2].keys() == eager[2].keys()
+    for n in got[2]:
+        torch.testing.assert_close(got[2][n], eager[2][n], msg=n)
