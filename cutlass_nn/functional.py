@@ -49,13 +49,14 @@ def _pads_rows_when_compiled(weight: Tensor) -> bool:
 
 def _linear_padded_rows(input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``linear(input, weight, bias)`` computed with ``weight`` (and ``bias``) padded with zero
-    rows to a multiple of 8 and the extra output columns sliced off: the same values, the
-    result a view with a padded row stride."""
+    rows to a multiple of 8 and the extra output columns sliced off: the same values, returned
+    contiguous like ``F.linear``'s (Inductor folds the copy into the result's consumers, and
+    makes it where the result leaves the compiled graph, as for a stock padded GEMM)."""
     rows = weight.shape[0]
     pad = -rows % 8
     weight = torch.nn.functional.pad(weight, (0, 0, 0, pad))
     bias = None if bias is None else torch.nn.functional.pad(bias, (0, pad))
-    return _linear(input, weight, bias)[..., :rows]
+    return _linear(input, weight, bias)[..., :rows].contiguous()
 
 
 __all__ = [

@@ -182,6 +182,8 @@ def test_misaligned_rows_padded_only_when_compiled_on_cuda(monkeypatch):
     assert not F._pads_rows_when_compiled(small)  # 1001 x 768 < 2^20 elements
     assert not F._pads_rows_when_compiled(fp32)  # float32 outside autocast
     assert not F._pads_rows_when_compiled(cpu_head)
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: device_type == "cuda")
+    assert F._pads_rows_when_compiled(fp32)  # float32 weight under CUDA autocast
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -194,7 +196,7 @@ def test_linear_padded_rows_matches_linear_under_compile(monkeypatch, bias):
     layer = cutlass_nn.CutlassLinear(24, 37, bias=bias)  # 37 output rows: not a multiple of 8
     x = torch.randn(5, 3, 24)
     y = F._linear_padded_rows(x, layer.weight, layer.bias)
-    assert y.shape == (5, 3, 37) and y.stride(-2) == 40  # a view of the padded result
+    assert y.shape == (5, 3, 37) and y.is_contiguous()  # strides as F.linear's
     torch.testing.assert_close(y, torch.nn.functional.linear(x, layer.weight, layer.bias))
 
     monkeypatch.setattr(F, "_pads_rows_when_compiled", lambda weight: weight.shape[0] % 8 != 0)
@@ -208,6 +210,8 @@ def test_linear_padded_rows_matches_linear_under_compile(monkeypatch, bias):
         p.grad = None
     got = _run(compiled, layer, x)
     assert seen, "the compiled forward did not take the padded-rows form"
+    assert compiled(x).is_contiguous()  # users' .view() of the output keeps working
+    assert compiled(x).view(-1).shape == (5 * 3 * 37,)
     torch.testing.assert_close(got[0], eager[0])
     torch.testing.assert_close(got[1], eager[1])
     assert got[2].keys() == eager[2].keys()

@@ -202,6 +202,9 @@ def test_fused_epilogue(harness):
     # caller applies the activation (no fused kernel: config -1)
     got = plan(harness, "fwd", 4096, 768, 3072, fused=True)
     assert (got.config, got.kernel) == (-1, "-"), got
+    # likewise where v0.25 gives the transposed problem to the 128x192 tile
+    got = plan(harness, "fwd", 1024, 2816, 2816, fused=True)
+    assert (got.config, got.kernel) == (-1, "-"), got
     # elsewhere the fused ping-pong kernels, without config 0's swizzle
     got = plan(harness, "fwd", 16384, 18944, 3584, fused=True)
     assert (got.config, got.swizzle) == (3, 0) and got.kernel.endswith("pingpong_relu"), got

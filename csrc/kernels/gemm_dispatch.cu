@@ -225,8 +225,9 @@ Sm90Choice tile256x128_choice(const GemmParams& p, int64_t sms) {
   return c;
 }
 
-// The rule for row-major D (see choose_sm90_config). `with_tile256x128` false: the rule as it
-// was before config 14 (v0.21), which tile192_replaces_transposed asks.
+// The rule for row-major D (see choose_sm90_config). `with_tile256x128` false: the rule without
+// config 14 (configs 13 and the v0.24 tile counting stay), which
+// tile192_replaces_transposed_without_config14 asks.
 Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = true) {
   const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
@@ -429,6 +430,37 @@ bool tile128x64_replaces_transposed(const GemmParams& p) {
 //     with a scheduler swizzle of 2 from 48 tiles along the grid's shorter side (v0.10:
 //     16384 x 18944 x 3584 forward 0.99 vs 0.87).
 // Config 1 (config 0 with stream-K) won no measured shape and is left to the sweep.
+namespace {
+
+// The transposed configuration (4-7) the rule gives a problem under 3/4 of a wave of 128x256
+// tiles, or -1 where it keeps the row-major problem there (the 128x192 / 128x64 tiles stand in,
+// or the token tiles would not fill the SMs, or K is too long for the 128-row token tile).
+int transposed_rule_config(const GemmParams& p, int64_t sms) {
+  const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
+  if (tiles256 * 4 >= 3 * sms || tile192_replaces_transposed(p) ||
+      tile128x64_replaces_transposed(p)) {
+    return -1;
+  }
+  const int64_t weight_tiles = ceil_div(p.n, 64);
+  int i = 3;  // 128 token rows; fewer where they hold all m rows
+  while (i > 0 && kSwappedTiles[i - 1].rows >= p.m) --i;
+  while (i > 0 && weight_tiles * ceil_div(p.m, kSwappedTiles[i].rows) * 2 < sms) --i;
+  // The 128-row token tile (config 7, 64-deep k-blocks) lost to the row-major rule from
+  // K = 3584 on (512x4096x11008 forward 0.53 vs 0.97); the 64-row one won up to K = 8192.
+  const bool long_k_wide_tile = i == 3 && p.k > 3072;
+  if (long_k_wide_tile || weight_tiles * ceil_div(p.m, kSwappedTiles[i].rows) * 4 < sms) return -1;
+  return kSwappedTiles[i].config;
+}
+
+// Whether the rule would run the transposed problem but gives it to the 128x192 tile of the rule
+// without config 14 instead (v0.25, tile192_replaces_transposed_without_config14).
+bool tile192_takes_transposed_problem(const GemmParams& p, int64_t sms) {
+  return p.m > 128 && transposed_rule_config(p, sms) >= 0 &&
+         tile192_replaces_transposed_without_config14(p);
+}
+
+}  // namespace
+
 Sm90Choice choose_sm90_config(const GemmParams& p) {
   const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   if (p.m <= 128 && p.n >= 1024) {
@@ -442,22 +474,12 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
     c.config = kSwappedTiles[i].config;
     return c;
   }
-  const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
-  if (tiles256 * 4 < int64_t{3} * sms && !tile192_replaces_transposed(p) &&
-      !tile128x64_replaces_transposed(p)) {
-    const int64_t weight_tiles = ceil_div(p.n, 64);
-    int i = 3;  // 128 token rows; fewer where they hold all m rows
-    while (i > 0 && kSwappedTiles[i - 1].rows >= p.m) --i;
-    while (i > 0 && weight_tiles * ceil_div(p.m, kSwappedTiles[i].rows) * 2 < sms) --i;
-    // The 128-row token tile (config 7, 64-deep k-blocks) lost to the row-major rule from
-    // K = 3584 on (512x4096x11008 forward 0.53 vs 0.97); the 64-row one won up to K = 8192.
-    const bool long_k_wide_tile = i == 3 && p.k > 3072;
-    if (!long_k_wide_tile && weight_tiles * ceil_div(p.m, kSwappedTiles[i].rows) * 4 >= sms) {
-      if (tile192_replaces_transposed_without_config14(p)) return choose_row_major_config(p, false);
-      Sm90Choice c;
-      c.config = kSwappedTiles[i].config;
-      return c;
-    }
+  const int transposed = transposed_rule_config(p, sms);
+  if (transposed >= 0) {
+    if (tile192_replaces_transposed_without_config14(p)) return choose_row_major_config(p, false);
+    Sm90Choice c;
+    c.config = transposed;
+    return c;
   }
   return choose_row_major_config(p);
 }
@@ -507,10 +529,12 @@ Sm90Choice resolve_sm90(const GemmParams& p) {
   Sm90Choice c = choose_sm90_config(p);
   const int rule_config = c.config;
   if (has_fused_epilogue(p)) {
-    // The 128x192 tile in place of the transposed problem counts as transposing: the plain GEMM
-    // then runs on it, followed by the activation pass.
+    // The 128x192 / 128x64 tiles in place of the transposed problem count as transposing: the
+    // plain GEMM then runs on them, followed by the activation pass.
+    const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
     const bool unfused = is_swapped_config(c.config) || tile192_replaces_transposed(p) ||
-                         tile128x64_replaces_transposed(p);
+                         tile128x64_replaces_transposed(p) ||
+                         tile192_takes_transposed_problem(p, sms);
     c.config = unfused && p.sm90_config < 0 ? -1 : kActConfig;
   } else if (p.sm90_config >= 0) {
     c.config = p.sm90_config;
