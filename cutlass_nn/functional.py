@@ -59,6 +59,14 @@ def _linear_padded_rows(input: Tensor, weight: Tensor, bias: Tensor | None) -> T
     return _linear(input, weight, bias)[..., :rows].contiguous()
 
 
+def _plain_linear(input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The linear layer without an activation, for :func:`linear` and ``CutlassLinear``: one
+    operator call, or under torch.compile the padded-rows form where it applies."""
+    if _pads_rows_when_compiled(weight):
+        return _linear_padded_rows(input, weight, bias)
+    return _linear(input, weight, bias)
+
+
 __all__ = [
     "linear",
     "mm",
@@ -96,9 +104,7 @@ def linear(
         backward when gradients are needed. Follows ``torch.autocast`` like ``F.linear``.
     """
     if activation is None or activation == "none":
-        if _pads_rows_when_compiled(weight):
-            return _linear_padded_rows(input, weight, bias)
-        return _linear(input, weight, bias)
+        return _plain_linear(input, weight, bias)
     ops._check_activation_type("linear_act", activation)
     return _linear_act(input, weight, bias, activation)
 

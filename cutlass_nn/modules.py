@@ -12,7 +12,6 @@ from cutlass_nn import functional as F
 from cutlass_nn.fp8_reference import Fp8Recipe
 from cutlass_nn.ops import ACTIVATIONS, GATED_ACTIVATIONS
 
-_linear = torch.ops.cutlass_nn.linear.default
 _linear_act = torch.ops.cutlass_nn.linear_act.default
 _add2 = torch.ops.cutlass_nn.add2.default
 _rms_norm = torch.ops.cutlass_nn.rms_norm.default
@@ -157,9 +156,7 @@ class CutlassLinear(nn.Linear):
         # One operator call (autocast, autograd and the kernel run in C++); with an activation,
         # linear_act, whose autograd kernel keeps the pre-activation when it is needed.
         if self.activation is None:
-            if F._pads_rows_when_compiled(self.weight):
-                return F._linear_padded_rows(input, self.weight, self.bias)
-            return _linear(input, self.weight, self.bias)
+            return F._plain_linear(input, self.weight, self.bias)
         return _linear_act(input, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:

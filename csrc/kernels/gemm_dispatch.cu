@@ -152,13 +152,12 @@ int64_t scheduled_tiles(int64_t rows, int64_t cols, int64_t cluster_m, int64_t c
   return round_up(rows, applied * cluster_m) * round_up(cols, applied * cluster_n);
 }
 
-// The swizzle of 2 for a clustered configuration unless the tiles it adds make another wave
-// (then none: the tiles are the same, their order only costs some L2 reuse).
-int swizzle2_unless_extra_wave(int64_t rows, int64_t cols, int64_t cluster_m, int64_t cluster_n,
-                               int64_t sms) {
-  const int64_t waves1 = ceil_div(scheduled_tiles(rows, cols, cluster_m, cluster_n, 1), sms);
-  const int64_t waves2 = ceil_div(scheduled_tiles(rows, cols, cluster_m, cluster_n, 2), sms);
-  return waves2 > waves1 ? 1 : 2;
+// Whether a swizzle makes CUTLASS's scheduler walk more waves of tiles than no swizzle (then the
+// rule does without it: the tiles are the same, their order only costs some L2 reuse).
+bool swizzle_adds_wave(int64_t rows, int64_t cols, int64_t cluster_m, int64_t cluster_n,
+                       int swizzle, int64_t sms) {
+  return ceil_div(scheduled_tiles(rows, cols, cluster_m, cluster_n, swizzle), sms) >
+         ceil_div(scheduled_tiles(rows, cols, cluster_m, cluster_n, 1), sms);
 }
 
 // Whether the 128x192 tile (config 10) beats config 0's 128x256 on wave quantization: the work
@@ -178,10 +177,7 @@ Sm90Choice tile192_choice(const GemmParams& p, int64_t sms) {
   Sm90Choice c;
   c.config = kTile192Config;
   const int64_t rows = ceil_div(p.m, 128), cols = ceil_div(p.n, 192);
-  if (cols <= 4 && ceil_div(scheduled_tiles(rows, cols, 2, 1, 4), sms) ==
-                       ceil_div(scheduled_tiles(rows, cols, 2, 1, 1), sms)) {
-    c.swizzle = 4;
-  }
+  if (cols <= 4 && !swizzle_adds_wave(rows, cols, 2, 1, 4, sms)) c.swizzle = 4;
   return c;
 }
 
@@ -221,7 +217,7 @@ bool tile256x128_takes(const GemmParams& p, int64_t sms) {
 Sm90Choice tile256x128_choice(const GemmParams& p, int64_t sms) {
   Sm90Choice c;
   c.config = kTile256x128Config;
-  c.swizzle = swizzle2_unless_extra_wave(ceil_div(p.m, 256), ceil_div(p.n, 128), 1, 2, sms);
+  c.swizzle = swizzle_adds_wave(ceil_div(p.m, 256), ceil_div(p.n, 128), 1, 2, 2, sms) ? 1 : 2;
   return c;
 }
 
@@ -254,7 +250,7 @@ Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = 
     }
     if (tile128x64_fills_one_wave(p, sms)) {
       c.config = kTile128x64Config;
-      c.swizzle = swizzle2_unless_extra_wave(ceil_div(p.m, 128), ceil_div(p.n, 64), 1, 2, sms);
+      c.swizzle = swizzle_adds_wave(ceil_div(p.m, 128), ceil_div(p.n, 64), 1, 2, 2, sms) ? 1 : 2;
       return c;
     }
     c.config = 2;
