@@ -96,3 +96,33 @@ def test_every_delegated_benchmark_says_it_needs_a_gpu(what, monkeypatch, capsys
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cli.main(["--what", what]) == 2
     assert cli.NO_CUDA_MESSAGE in capsys.readouterr().err
+
+
+def test_gemm_ops_are_summarized_per_operator_and_shapes():
+    ops = [
+        ("cutlass_nn::linear_wgrad", "[[4096, 1024], [4096, 1024]]", [("k13", 20.0)]),
+        ("cutlass_nn::linear_wgrad", "[[4096, 1024], [4096, 1024]]", [("k13", 22.0)]),
+        ("aten::mm", "[[1024, 4096], [4096, 1024]]", [("nvjet_x", 15.0), ("Memset", 1.0)]),
+        ("cutlass_nn::linear", "[[4096, 1024], [32000, 1024], []]", [("k3", 400.0)]),
+        ("aten::add", "[[4096, 1024], [4096, 1024]]", [("add", 5.0)]),  # not a GEMM
+        ("aten::mm", "[[8, 8], [8, 8]]", []),  # launched nothing itself
+    ]
+    s = sp.summarize_gemm_ops(ops, steps=2, top=2)
+    assert [(g["op"], g["shapes"]) for g in s] == [
+        ("cutlass_nn::linear", "[[4096, 1024], [32000, 1024], []]"),
+        ("cutlass_nn::linear_wgrad", "[[4096, 1024], [4096, 1024]]")]
+    assert s[1]["calls_per_step"] == 1.0 and math.isclose(s[1]["us_per_call"], 21.0)
+    assert math.isclose(s[1]["ms_per_step"], 0.021) and s[1]["kernels"] == ["k13"]
+    full = sp.summarize_gemm_ops(ops, steps=1, top=10)
+    assert len(full) == 3 and full[2]["kernels"] == ["Memset", "nvjet_x"]
+    assert math.isclose(full[2]["us_per_call"], 16.0)
+
+
+def test_gemm_op_calls_reads_the_innermost_launching_events():
+    import types
+
+    kernel = types.SimpleNamespace(name="nvjet_x", duration=15.0)
+    events = [types.SimpleNamespace(name="aten::mm", input_shapes=[[2, 3], [3, 4]], kernels=[kernel]),
+              types.SimpleNamespace(name="aten::linear", input_shapes=[[2, 3]], kernels=[]),
+              types.SimpleNamespace(name="aten::mm", input_shapes=[[2, 3], [3, 4]], kernels=[])]
+    assert sp.gemm_op_calls(events) == [("aten::mm", "[[2, 3], [3, 4]]", [("nvjet_x", 15.0)])]

@@ -8,8 +8,10 @@ Inductor generates and fuses around the GEMMs differ from eager's), runs ``--war
 compiling ones included), then ``--steps`` steps under ``torch.profiler`` with CUDA activity, and
 reports for each side the GPU time per step of every kernel, summed into categories by kernel
 name (:data:`CATEGORIES`: GEMMs of cutlass_nn and of cuBLAS, FP8 quantization, attention, the
-optimizer, Inductor's Triton kernels, normalization, other elementwise work), plus the host time
-of the step. JSON to ``--out``; a table on stdout.
+optimizer, Inductor's Triton kernels, normalization, other elementwise work), the GPU time of
+each matrix-product operator by its input shapes (:data:`GEMM_OPS`; not in ``reduce-overhead``
+mode, whose graph replays record no operators), plus the host time of the step. JSON to
+``--out``; a table on stdout.
 
 Usage::
 
@@ -78,6 +80,50 @@ def summarize_kernels(kernels: Sequence[tuple[str, float]], steps: int, top: int
     }
 
 
+#: The operators whose GPU time :func:`summarize_gemm_ops` lists per input shape: the matrix
+#: products of both sides (cutlass_nn's, and the aten ones that ``nn.Linear``, attention and
+#: Inductor's extern kernels call).
+GEMM_OPS: frozenset[str] = frozenset({
+    "cutlass_nn::linear", "cutlass_nn::linear_act", "cutlass_nn::linear_dgrad",
+    "cutlass_nn::linear_wgrad", "cutlass_nn::mm", "aten::mm", "aten::addmm", "aten::bmm",
+    "aten::baddbmm", "aten::_scaled_mm",
+})
+
+
+def summarize_gemm_ops(ops: Sequence[tuple[str, str, Sequence[tuple[str, float]]]], steps: int,
+                       top: int) -> list[dict[str, Any]]:
+    """``ops``: (operator name, its input shapes as text, the (kernel name, GPU microseconds) it
+    launched) of every GEMM operator call over ``steps`` steps. The ``top`` (operator, shapes)
+    pairs by GPU time per step, each with its calls per step, GPU microseconds per call and the
+    kernels it ran: which GEMM of the step costs what, named by what a user recognizes (the op and
+    its shapes) rather than by a kernel name."""
+    total: dict[tuple[str, str], float] = defaultdict(float)
+    calls: dict[tuple[str, str], int] = defaultdict(int)
+    names: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for op, shapes, kernels in ops:
+        if op not in GEMM_OPS or not kernels:
+            continue
+        key = (op, shapes)
+        total[key] += sum(us for _, us in kernels)
+        calls[key] += 1
+        names[key].update(n[:100] for n, _ in kernels)
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])[:top]
+    return [{"op": op, "shapes": shapes, "calls_per_step": calls[(op, shapes)] / steps,
+             "us_per_call": us / calls[(op, shapes)], "ms_per_step": us / steps / 1e3,
+             "kernels": sorted(names[(op, shapes)])} for (op, shapes), us in ranked]
+
+
+def gemm_op_calls(events) -> list[tuple[str, str, list[tuple[str, float]]]]:
+    """(name, input shapes, kernels) of the profiler's operator events that launched kernels
+    themselves (the innermost operator of each launch: a kernel is attached to one event)."""
+    out = []
+    for e in events:
+        kernels = [(k.name, k.duration) for k in getattr(e, "kernels", ()) or ()]
+        if e.name in GEMM_OPS and kernels:
+            out.append((e.name, str(getattr(e, "input_shapes", "")), kernels))
+    return out
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     from cutlass_nn.bench import fp8 as bench_fp8
     from cutlass_nn.bench import models
@@ -124,13 +170,16 @@ def profile_side(model: torch.nn.Module, batches, steps: int, warmup: int, top: 
     torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     host = time.perf_counter()
-    with torch.profiler.profile(activities=acts) as prof:
+    # Input shapes recorded (host cost only: the numbers here are GPU times) so that each GEMM
+    # is reported by operator and shapes (summarize_gemm_ops).
+    with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
         for i in range(steps):
             trainer.step(batches[i % len(batches)])
         enqueue_s = time.perf_counter() - host
         torch.cuda.synchronize()
     kernels = [(e.name, e.device_time) for e in prof.events() if is_kernel(e)]
     out = summarize_kernels(kernels, steps, top)
+    out["gemm_ops"] = summarize_gemm_ops(gemm_op_calls(prof.events()), steps, top)
     out["host_enqueue_ms_per_step"] = enqueue_s / steps * 1e3
     out["cutlass_nn_ops"] = sorted({e.name for e in prof.events() if e.name.startswith("cutlass_nn::")})
     return out
@@ -169,6 +218,10 @@ def main(argv: Sequence[str]) -> int:
             print(f"   {cat:26s} {ms:8.3f} ms")
         for k in r["top_kernels"]:
             print(f"   {k['ms_per_step']:8.3f} ms {k['calls_per_step']:6.1f}x  {k['name'][:110]}")
+        print("   GEMM operators by input shapes:")
+        for g in r["gemm_ops"]:
+            print(f"   {g['ms_per_step']:8.3f} ms {g['calls_per_step']:6.1f}x {g['us_per_call']:8.1f} us  "
+                  f"{g['op']} {g['shapes']}")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"step_profile_{bench._slug(meta)}_{bench._stamp()}.json"
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
