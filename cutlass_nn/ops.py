@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from cutlass_nn import _extension
-from cutlass_nn import _inductor_decompositions
+from cutlass_nn import _inductor_lowerings
 
 _ops = torch.ops.cutlass_nn
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -384,8 +384,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _fake_common(op: str, ref_name: str, ref: Tensor, others: dict[str, Tensor]) -> None:
     # Every fake implementation passes here; Dynamo runs them while it traces, before Inductor
-    # compiles the graph: the moment to give Inductor its decompositions (cheap once done).
-    _inductor_decompositions.register()
+    # compiles the graph: the moment to give Inductor its lowerings (cheap once done).
+    _inductor_lowerings.register()
     torch._check(
         ref.dtype in _FLOAT_DTYPES,
         lambda: f"cutlass_nn.{op}: argument '{ref_name}' must have a floating dtype "
