@@ -21,42 +21,48 @@ lowers it. Other backends (``aot_eager``, ``torch.export``) keep the operator.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import torch
-from torch import Tensor
 
 _INDUCTOR_LOWERING = "torch._inductor.lowering"
+_logger = logging.getLogger(__name__)
 _registered = False
-
-
-def bias_grad_as_sum(grad_output: Tensor) -> Tensor:
-    """``cutlass_nn::bias_grad`` in aten terms: ``grad_output`` summed over every leading dim."""
-    if grad_output.dim() == 1:  # no leading dim: the gradient itself (sum(dim=()) would sum all)
-        return grad_output.clone()
-    return grad_output.sum(dim=tuple(range(grad_output.dim() - 1)))
+_failed = False
 
 
 def _lower_bias_grad(grad_output):
-    """Inductor lowering of ``bias_grad`` (``grad_output`` is Inductor's IR): what
-    :func:`bias_grad_as_sum` does, through Inductor's own lowerings of ``clone`` / ``sum``."""
+    """Inductor lowering of ``bias_grad`` (``grad_output`` is Inductor's IR): ``grad_output``
+    summed over every leading dim (a copy of it when it has none), through Inductor's own
+    lowerings of ``sum`` / ``clone``: the operator's value and dtype."""
     lowerings = sys.modules[_INDUCTOR_LOWERING].lowerings
     dims = len(grad_output.get_size())
-    if dims == 1:
+    if dims == 1:  # no leading dim (sum(dim=[]) would sum everything)
         return lowerings[torch.ops.aten.clone.default](grad_output)
     return lowerings[torch.ops.aten.sum.dim_IntList](grad_output, list(range(dims - 1)))
 
 
 def register() -> bool:
     """Adds cutlass_nn's lowerings to Inductor if Inductor is loaded (idempotent, cheap when
-    done). Returns whether they are registered."""
-    global _registered
-    if _registered:
-        return True
+    done). Returns whether they are registered. Never raises: the fake implementations call it
+    for every backend (export, ``aot_eager``, opcheck), so a torch whose Inductor lacks the API
+    used here (or a module another thread is still importing) must not break them; the operator
+    then simply runs as itself under Inductor too (one warning)."""
+    global _registered, _failed
+    if _registered or _failed:
+        return _registered
     lowering = sys.modules.get(_INDUCTOR_LOWERING)
-    if lowering is None:
+    register_lowering = getattr(lowering, "register_lowering", None)
+    if lowering is None or register_lowering is None or not hasattr(lowering, "lowerings"):
+        return False  # not loaded (or not fully imported yet): try at the next call
+    try:
+        register_lowering(torch.ops.cutlass_nn.bias_grad.default,
+                          type_promotion_kind=None)(_lower_bias_grad)
+    except Exception as exc:  # an Inductor whose lowering API differs
+        _failed = True
+        _logger.warning("cutlass_nn: bias_grad stays an opaque operator under Inductor (%s: %s)",
+                        type(exc).__name__, exc)
         return False
-    lowering.register_lowering(torch.ops.cutlass_nn.bias_grad.default,
-                               type_promotion_kind=None)(_lower_bias_grad)
     _registered = True
     return True

@@ -314,15 +314,21 @@ def test_no_memory_growth(path, gen):
     for _ in range(2):
         step()
     # Earlier tests of the same worker can leave cyclic garbage holding CUDA tensors; collected
-    # inside the measured window it made the count drop (2048 bytes, GPU run of 2026-11-26).
+    # inside the measured window it made the count drop (2048 bytes, GPU run of 2026-11-26). So:
+    # collect it first, and no automatic collection inside the window (a collection there could
+    # also hide cycles that the steps themselves leak).
     gc.collect()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
-    for _ in range(50):
-        step()
-    gc.collect()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == base
+    gc.disable()
+    try:
+        for _ in range(50):
+            step()
+        torch.cuda.synchronize()
+        after = torch.cuda.memory_allocated()
+    finally:
+        gc.enable()
+    assert after == base
 
 
 # ---------------------------------------------------------------------------------------------

@@ -83,9 +83,13 @@ def summarize_kernels(kernels: Sequence[tuple[str, float]], steps: int, top: int
 #: The operators whose GPU time :func:`summarize_gemm_ops` lists per input shape: the matrix
 #: products of both sides (cutlass_nn's, and the aten ones that ``nn.Linear``, attention and
 #: Inductor's extern kernels call).
+#: A GEMM operator's time is that of the kernels it launches itself: where cutlass_nn pads
+#: misaligned operands, the pad and copy-back passes are ``aten::constant_pad_nd`` / ``copy_``
+#: calls of their own (in the kernel table, not here).
 GEMM_OPS: frozenset[str] = frozenset({
-    "cutlass_nn::linear", "cutlass_nn::linear_act", "cutlass_nn::linear_dgrad",
-    "cutlass_nn::linear_wgrad", "cutlass_nn::mm", "aten::mm", "aten::addmm", "aten::bmm",
+    "cutlass_nn::linear", "cutlass_nn::linear_act", "cutlass_nn::linear_act_aux",
+    "cutlass_nn::linear_dgrad", "cutlass_nn::linear_wgrad", "cutlass_nn::linear_wgrad_accumulate_",
+    "cutlass_nn::mm", "cutlass_nn::fp8_scaled_mm", "aten::mm", "aten::addmm", "aten::bmm",
     "aten::baddbmm", "aten::_scaled_mm",
 })
 
