@@ -311,16 +311,14 @@ Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = 
   return c;
 }
 
-// Whether a problem under 3/4 of a wave of 128x256 tiles (where the rule would consider the
-// transposed problem) runs on the 128x192 tile instead: at least 1024 rows, the input dtype out,
-// its tiles fill 85-100% of one wave, and the row-major rule, K included (a short K keeps config
-// 0), picks that tile. The row-major rule then beats the transposed kernels (4096 x 768 x 3072
-// forward: 0.95 vs 0.77).
-bool tile192_replaces_transposed(const GemmParams& p) {
-  const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
-  const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
-  return tiles256 * 4 < 3 * sms && p.dtype_cd == p.dtype_ab && p.m >= 1024 &&
-         tile192_fills_one_wave(p, sms) && choose_row_major_config(p).config == kTile192Config;
+// Whether a problem under 3/4 of a wave of 128x256 tiles (where the rule considers the transposed
+// problem) runs on the 128x192 tile instead: at least 1024 rows, the input dtype out, its tiles
+// fill 85-100% of one wave, and the row-major rule (`row_major`, K included: a short K keeps
+// config 0) picks that tile. The row-major rule then beats the transposed kernels (4096 x 768 x
+// 3072 forward: 0.95 vs 0.77).
+bool tile192_replaces_transposed(const GemmParams& p, const Sm90Choice& row_major, int64_t sms) {
+  return p.dtype_cd == p.dtype_ab && p.m >= 1024 && tile192_fills_one_wave(p, sms) &&
+         row_major.config == kTile192Config;
 }
 
 // Whether the rule's transposed choice for a problem gives way to the 128x192 tile that the rule
@@ -342,11 +340,10 @@ bool tile192_replaces_transposed_without_config14(const GemmParams& p) {
 
 // Whether a problem the rule would transpose runs on config 13's 128x64 tiles instead, where
 // they fill 85-100% of one wave (tile128x64_fills_one_wave; 4096 x 256 x 1024 forward: 0.95 vs
-// 0.92).
-bool tile128x64_replaces_transposed(const GemmParams& p) {
-  const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
-  return tile128x64_fills_one_wave(p, sms) &&
-         choose_row_major_config(p).config == kTile128x64Config;
+// 0.92) and the row-major rule (`row_major`) picks them.
+bool tile128x64_replaces_transposed(const GemmParams& p, const Sm90Choice& row_major,
+                                    int64_t sms) {
+  return tile128x64_fills_one_wave(p, sms) && row_major.config == kTile128x64Config;
 }
 
 }  // namespace
@@ -428,15 +425,10 @@ bool tile128x64_replaces_transposed(const GemmParams& p) {
 // Config 1 (config 0 with stream-K) won no measured shape and is left to the sweep.
 namespace {
 
-// The transposed configuration (4-7) the rule gives a problem under 3/4 of a wave of 128x256
-// tiles, or -1 where it keeps the row-major problem there (the 128x192 / 128x64 tiles stand in,
-// or the token tiles would not fill the SMs, or K is too long for the 128-row token tile).
-int transposed_rule_config(const GemmParams& p, int64_t sms) {
-  const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
-  if (tiles256 * 4 >= 3 * sms || tile192_replaces_transposed(p) ||
-      tile128x64_replaces_transposed(p)) {
-    return -1;
-  }
+// The transposed configuration (4-7) for a problem under 3/4 of a wave of 128x256 tiles that no
+// row-major tile stands in for, or -1 where the row-major problem runs (the token tiles would not
+// fill the SMs, or K is too long for the 128-row token tile).
+int transposed_config(const GemmParams& p, int64_t sms) {
   const int64_t weight_tiles = ceil_div(p.n, 64);
   int i = 3;  // 128 token rows; fewer where they hold all m rows
   while (i > 0 && kSwappedTiles[i - 1].rows >= p.m) --i;
@@ -448,11 +440,9 @@ int transposed_rule_config(const GemmParams& p, int64_t sms) {
   return kSwappedTiles[i].config;
 }
 
-// Whether the rule would run the transposed problem but gives it to the 128x192 tile of the rule
-// without config 14 instead (v0.25, tile192_replaces_transposed_without_config14).
-bool tile192_takes_transposed_problem(const GemmParams& p, int64_t sms) {
-  return p.m > 128 && transposed_rule_config(p, sms) >= 0 &&
-         tile192_replaces_transposed_without_config14(p);
+Sm90Choice standing_in_for_transposed(Sm90Choice c) {
+  c.stands_in_for_transposed = true;
+  return c;
 }
 
 }  // namespace
@@ -470,14 +460,22 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
     c.config = kSwappedTiles[i].config;
     return c;
   }
-  const int transposed = transposed_rule_config(p, sms);
-  if (transposed >= 0) {
-    if (tile192_replaces_transposed_without_config14(p)) return choose_row_major_config(p, false);
-    Sm90Choice c;
-    c.config = transposed;
-    return c;
+  const Sm90Choice row_major = choose_row_major_config(p);
+  const int64_t tiles256 = ceil_div(p.m, 128) * ceil_div(p.n, 256);
+  if (tiles256 * 4 >= 3 * sms) return row_major;
+  // Under 3/4 of a wave of 128x256 tiles: the transposed problem, or a row-major tile in its place.
+  if (tile192_replaces_transposed(p, row_major, sms) ||
+      tile128x64_replaces_transposed(p, row_major, sms)) {
+    return standing_in_for_transposed(row_major);
   }
-  return choose_row_major_config(p);
+  const int transposed = transposed_config(p, sms);
+  if (transposed < 0) return row_major;
+  if (tile192_replaces_transposed_without_config14(p)) {
+    return standing_in_for_transposed(choose_row_major_config(p, false));
+  }
+  Sm90Choice c;
+  c.config = transposed;
+  return c;
 }
 
 namespace {
@@ -525,12 +523,9 @@ Sm90Choice resolve_sm90(const GemmParams& p) {
   Sm90Choice c = choose_sm90_config(p);
   const int rule_config = c.config;
   if (has_fused_epilogue(p)) {
-    // The 128x192 / 128x64 tiles in place of the transposed problem count as transposing: the
-    // plain GEMM then runs on them, followed by the activation pass.
-    const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
-    const bool unfused = is_swapped_config(c.config) || tile192_replaces_transposed(p) ||
-                         tile128x64_replaces_transposed(p) ||
-                         tile192_takes_transposed_problem(p, sms);
+    // A row-major tile in place of the transposed problem counts as transposing: the plain GEMM
+    // then runs on it, followed by the activation pass.
+    const bool unfused = is_swapped_config(c.config) || c.stands_in_for_transposed;
     c.config = unfused && p.sm90_config < 0 ? -1 : kActConfig;
   } else if (p.sm90_config >= 0) {
     c.config = p.sm90_config;

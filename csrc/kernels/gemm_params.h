@@ -123,6 +123,9 @@ struct Sm90Choice {
   int config = 0;   // Sm90TileConfig<config>
   int swizzle = 0;  // 0: CUTLASS's default
   int splits = 0;   // 0: the stream-K scheduler's own heuristic
+  // A row-major tile the rule runs where it would otherwise transpose the problem (configs 4-7):
+  // a fused bias + activation then runs unfused there too (the plain GEMM, then the activation).
+  bool stands_in_for_transposed = false;
 };
 Sm90Choice choose_sm90_config(const GemmParams& params);
 
