@@ -50,8 +50,9 @@ def _pads_rows_when_compiled(weight: Tensor) -> bool:
 def _linear_padded_rows(input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``linear(input, weight, bias)`` computed with ``weight`` (and ``bias``) padded with zero
     rows to a multiple of 8 and the extra output columns sliced off: the same values, returned
-    contiguous like ``F.linear``'s (Inductor folds the copy into the result's consumers, and
-    makes it where the result leaves the compiled graph, as for a stock padded GEMM)."""
+    contiguous like ``F.linear``'s. Inductor fuses the weight's padding and the slice's copy into
+    its own kernels, but the copy is a second output-sized buffer beside the padded GEMM output
+    while it is made (a language-model head's logits: NOTES v0.24)."""
     rows = weight.shape[0]
     pad = -rows % 8
     weight = torch.nn.functional.pad(weight, (0, 0, 0, pad))
