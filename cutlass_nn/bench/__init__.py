@@ -7,6 +7,7 @@ Usage::
                                [--budget-ms MS] [--time-limit S]
     python -m cutlass_nn.bench --what models [...]   # whole-model training steps (bench_models)
     python -m cutlass_nn.bench --what host [...]     # host time per call (bench_host)
+    python -m cutlass_nn.bench --what step-sweep [...]  # each GEMM configuration inside a step
     python -m cutlass_nn.bench --sweep [--sweep-shapes MxNxK,...] [--sweep-swizzles 1,4]
                                [--sweep-splits 0,1,2,4] [--what fwd,dgrad,wgrad]
                                [--budget-ms MS] [--out DIR]
@@ -44,8 +45,9 @@ configuration override for --sweep), 130 interrupted.
 
 
 The package: ``spec``, ``stats``, ``plan``, ``correctness``, ``cases``, ``timing``, ``rows``, ``sweep``, ``report``, ``cli`` (one job each, see each
-module's docstring), ``models`` (whole-model steps, ``--what models``) and ``host`` (host time
-per call, ``--what host``). Every name of the first ten is re-exported here, so
+module's docstring), ``models`` (whole-model steps, ``--what models``), ``host`` (host time
+per call, ``--what host``), ``step_profile`` (where a step's GPU time goes) and ``step_sweep``
+(each GEMM configuration timed inside a compiled step, ``--what step-sweep``). Every name of the first ten is re-exported here, so
 ``from cutlass_nn import bench; bench.main()`` and the tests' ``bench.X`` keep working.
 """
 

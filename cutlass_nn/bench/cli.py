@@ -566,14 +566,14 @@ NO_CUDA_MESSAGE = (
 
 
 def _delegated_what(argv: Sequence[str]) -> str | None:
-    """ "models", "host", "fused", "fp8" or "step-profile" when ``--what`` names one of the
-    benchmarks with their own options (cutlass_nn/bench/models.py, host.py, fused.py, fp8.py,
-    step_profile.py), else None."""
+    """ "models", "host", "fused", "fp8", "step-profile" or "step-sweep" when ``--what`` names
+    one of the benchmarks with their own options (cutlass_nn/bench/models.py, host.py, fused.py,
+    fp8.py, step_profile.py, step_sweep.py), else None."""
     for i, arg in enumerate(argv):
         value = argv[i + 1] if arg == "--what" and i + 1 < len(argv) else None
         if arg.startswith("--what="):
             value = arg.split("=", 1)[1]
-        if value in ("models", "host", "fused", "fp8", "step-profile"):
+        if value in ("models", "host", "fused", "fp8", "step-profile", "step-sweep"):
             return value
     return None
 
@@ -601,6 +601,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cutlass_nn.bench import step_profile
 
         return step_profile.main(argv)
+    if delegated == "step-sweep":
+        from cutlass_nn.bench import step_sweep
+
+        return step_sweep.main(argv)
     args = parse_args(argv)
     if args.plot:
         return replot(args.plot)

@@ -1,0 +1,324 @@
+"""``python -m cutlass_nn.bench --what step-sweep``: each GEMM configuration timed inside the step.
+
+The configuration sweep (``--sweep``) times every tile configuration of a GEMM shape in isolation,
+one shape at a time, and the per-shape rule is fitted to it. Inside a model's training step the
+same GEMMs run at other speeds (the GPU's clock, what the neighbouring kernels left in L2), and
+not always in the sweep's order: in a compiled Llama step at hidden 1024, cuBLAS ran the 32000 x
+1024 language-model head's weight gradient in 330 us where the sweep timed it at 380, ours in 391
+against the sweep's 381 (benchmarks/NOTES.md v0.24). This benchmark measures the choice where it
+counts: it builds a model of the model benchmark (:mod:`cutlass_nn.bench.models`; same family,
+size, weights and batches) converted with ``cutlass_nn.convert``, compiles it (``--mode``), and
+then, in interleaved rounds, forces each candidate configuration on every GEMM of the step
+(``torch.ops.cutlass_nn._set_gemm_config``; where a configuration has no kernel for a problem,
+the dispatcher's fallback for a forced configuration runs, and the report names the kernel that
+ran), profiles ``--steps`` steps with each, and reports every GEMM operator's GPU time per call
+by its input shapes under each candidate, beside the rule's (candidate ``rule``) and the stock
+model's cuBLAS GEMMs of the same (m, n, k). A forced configuration changes no result beyond
+rounding (every kernel computes the same product), and the dispatcher's plan cache keys on it,
+so no recompilation happens between rounds.
+
+Usage::
+
+    python -m cutlass_nn.bench --what step-sweep [--family llama] [--size host] [--mode compile]
+        [--candidates rule,0,2/1,2/2,3,10,13,14] [--rounds 3] [--steps 2] [--out DIR]
+
+A candidate is ``rule`` or ``config[/splits][:swizzle]`` (``2/1``: config 2 data-parallel,
+``14:1``: config 14 with a swizzle of 1). ``reduce-overhead`` mode is refused: a CUDA-graph replay
+records no operators, and its kernels were captured with one configuration. JSON to ``--out``, a
+table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+#: The cutlass_nn operators whose GEMM this sweep forces (plain bf16 linears: what ``convert``
+#: makes of an ``nn.Linear``), and how their input shapes give the GEMM's (m, n, k).
+SWEPT_OPS = ("cutlass_nn::linear", "cutlass_nn::linear_dgrad", "cutlass_nn::linear_wgrad")
+
+DEFAULT_CANDIDATES = "rule,0,2,2/1,2/2,3,3:2,10,13,14,14:1"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One forced setting of ``_set_gemm_config``: config -1 is the rule."""
+
+    config: int
+    splits: int = 0
+    swizzle: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.config < 0:
+            return "rule"
+        text = str(self.config)
+        if self.splits:
+            text += f"/{self.splits}"
+        if self.swizzle:
+            text += f":{self.swizzle}"
+        return text
+
+
+_CANDIDATE = re.compile(r"^(\d+)(?:/(\d+))?(?::(\d+))?$")
+
+
+def parse_candidates(text: str, config_count: int | None = None) -> list[Candidate]:
+    """``rule,0,2/1,14:1`` -> candidates, the rule first (added if missing), no duplicates.
+    Raises ValueError naming the bad entry."""
+    out: list[Candidate] = [Candidate(-1)]
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item or item == "rule":
+            continue
+        m = _CANDIDATE.match(item)
+        if m is None:
+            raise ValueError(f"--candidates: {item!r} is not 'rule' or config[/splits][:swizzle]")
+        c = Candidate(int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0))
+        if config_count is not None and c.config >= config_count:
+            raise ValueError(f"--candidates: config {c.config} of {item!r} is not below the "
+                             f"build's {config_count} configurations")
+        if c.swizzle > 8 or c.splits > 64:
+            raise ValueError(f"--candidates: {item!r}: swizzle must be <= 8 and splits <= 64")
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def gemm_mnk(op: str, shapes: Sequence[Sequence[int]]) -> tuple[int, int, int]:
+    """(m, n, k) of the GEMM an operator call runs, from its input shapes: ``linear(x [.., K],
+    w [N, K])`` -> (T, N, K) with T the product of x's leading dims; ``linear_dgrad(g [.., N],
+    w [N, K])`` -> (T, K, N); ``linear_wgrad(g [.., N], x [.., K])`` -> (N, K, T); ``aten::mm(a
+    [M, K], b [K, N])`` -> (M, N, K)."""
+    a, b = list(shapes[0]), list(shapes[1])
+    rows = math.prod(a[:-1]) if len(a) > 1 else 1
+    if op == "cutlass_nn::linear":
+        return rows, b[0], a[-1]
+    if op == "cutlass_nn::linear_dgrad":
+        return rows, b[1], a[-1]
+    if op == "cutlass_nn::linear_wgrad":
+        return a[-1], b[-1], rows
+    if op in ("aten::mm", "aten::addmm"):
+        if op == "aten::addmm":  # addmm(bias, a, b)
+            a, b = list(shapes[1]), list(shapes[2])
+        return a[0], b[1], a[1]
+    raise ValueError(f"gemm_mnk: no (m, n, k) rule for operator {op!r}")
+
+
+def parse_shapes(text: str) -> list[list[int]]:
+    """The profiler's input-shapes text (``[[4, 1024], [1024, 1024], []]``) as lists."""
+    return json.loads(text)
+
+
+def summarize_rounds(per_round: Sequence[dict[tuple[str, str], float]]) -> dict[tuple[str, str], float]:
+    """Median over rounds of each (operator, shapes) time; keys missing in a round are skipped."""
+    acc: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for times in per_round:
+        for key, us in times.items():
+            acc[key].append(us)
+    return {key: statistics.median(v) for key, v in acc.items()}
+
+
+def best_per_problem(times: dict[str, dict[tuple[str, str], float]], margin: float = 0.02
+                     ) -> dict[tuple[str, str], dict[str, Any]]:
+    """For each (operator, shapes): the fastest candidate and its time relative to the rule's
+    (``rule_over_best`` > 1: the candidate is faster); the rule is kept unless a candidate beats
+    it by more than ``margin`` (the spread of in-step timings)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    rule = times.get("rule", {})
+    for key, rule_us in rule.items():
+        best_label, best_us = "rule", rule_us
+        for label, t in times.items():
+            us = t.get(key)
+            if us is not None and us < best_us:
+                best_label, best_us = label, us
+        if best_label != "rule" and rule_us <= best_us * (1 + margin):
+            best_label, best_us = "rule", rule_us
+        out[key] = {"best": best_label, "best_us": best_us, "rule_us": rule_us,
+                    "rule_over_best": rule_us / best_us if best_us > 0 else 1.0}
+    return out
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    from cutlass_nn.bench import models
+
+    p = argparse.ArgumentParser(prog="python -m cutlass_nn.bench --what step-sweep")
+    p.add_argument("--what", choices=["step-sweep"], default="step-sweep")
+    p.add_argument("--family", choices=models.FAMILIES, default="llama")
+    p.add_argument("--size", choices=models.SIZES, default="host")
+    p.add_argument("--mode", choices=("eager", "compile"), default="compile",
+                   help="eager or torch.compile (reduce-overhead replays record no operators)")
+    p.add_argument("--candidates", default=DEFAULT_CANDIDATES)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the candidates")
+    p.add_argument("--steps", type=int, default=2, help="profiled steps per candidate and round")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compiles)")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary (default: the size's)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = p.parse_args(list(argv))
+    try:
+        args.candidate_list = parse_candidates(args.candidates)
+    except ValueError as exc:
+        p.error(str(exc))
+    for name in ("rounds", "steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.mode == "compile" and args.warmup < 2:
+        p.error(f"--mode compile compiles in its first steps: --warmup must be >= 2, got {args.warmup}")
+    return args
+
+
+def _profiled_gemm_times(trainer, batches, steps: int, ops: Sequence[str]) -> tuple[dict, float]:
+    """GPU microseconds per call of each (operator, shapes) in ``ops`` over ``steps`` steps, and
+    the step's GPU milliseconds (every kernel)."""
+    from cutlass_nn.bench import step_profile as sp
+
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
+        for i in range(steps):
+            trainer.step(batches[i % len(batches)])
+        torch.cuda.synchronize()
+    events = prof.events()
+    total: dict[tuple[str, str], float] = defaultdict(float)
+    calls: dict[tuple[str, str], int] = defaultdict(int)
+    for op, shapes, kernels in sp.gemm_op_calls(events):
+        if op in ops:
+            total[(op, shapes)] += sum(us for _, us in kernels)
+            calls[(op, shapes)] += 1
+    gpu_us = sum(e.device_time for e in events if sp.is_kernel(e))
+    return {k: total[k] / calls[k] for k in total}, gpu_us / steps / 1e3
+
+
+def _probe_kernel(op: str, shapes: list[list[int]], candidate: Candidate) -> str:
+    """The kernel that ``op`` runs on fresh contiguous bf16 operands of ``shapes`` with
+    ``candidate`` forced (what a forced configuration without a kernel for the problem falls
+    back to)."""
+    import cutlass_nn
+
+    ops = torch.ops.cutlass_nn
+    args = [torch.randn(s, device="cuda", dtype=torch.bfloat16) if s else None for s in shapes]
+    previous = ops._set_gemm_config(candidate.config, candidate.swizzle, candidate.splits)
+    try:
+        if op == "cutlass_nn::linear":
+            ops.linear(args[0], args[1], args[2] if len(args) > 2 else None)
+        elif op == "cutlass_nn::linear_dgrad":
+            ops.linear_dgrad(args[0], args[1])
+        else:
+            ops.linear_wgrad(args[0], args[1])
+        torch.cuda.synchronize()
+        return cutlass_nn.ops.last_kernel_name()
+    finally:
+        ops._set_gemm_config(*previous)
+
+
+def main(argv: Sequence[str]) -> int:
+    from cutlass_nn.bench import cli as bench
+    from cutlass_nn.bench import models
+    from cutlass_nn.bench import step_profile as sp
+
+    args = parse_args(argv)
+    meta = bench.gpu_run_meta(argv)
+    if meta is None:
+        return 2
+    import cutlass_nn
+
+    names = [n for n in torch.ops.cutlass_nn._gemm_configs().splitlines() if n]
+    try:
+        candidates = parse_candidates(args.candidates, len(names))
+    except ValueError as exc:
+        print(f"cutlass_nn.bench --what step-sweep: {exc}")
+        return 2
+    size = models.MODEL_SIZES[args.size]
+    if args.vocab:
+        from dataclasses import replace
+
+        size = replace(size, vocab=args.vocab)
+    batches = models.make_batches(size, 4, "cuda")
+
+    # The stock model's GEMMs in the same mode, for reference (cuBLAS by (m, n, k)).
+    with torch.device("cuda"):
+        stock = models.build_model(args.family, size).to(dtype=torch.bfloat16)
+    stock_side = sp.profile_side(stock, batches, args.steps, args.warmup, 60, args.mode)
+    del stock
+    torch.cuda.empty_cache()
+    cublas: dict[tuple[int, int, int], list[float]] = defaultdict(list)
+    for g in stock_side["gemm_ops"]:
+        if g["op"] in ("aten::mm", "aten::addmm"):
+            mnk = gemm_mnk(g["op"], parse_shapes(g["shapes"]))
+            cublas[mnk].append(g["us_per_call"])
+
+    torch._dynamo.reset()
+    with torch.device("cuda"):
+        model = models.build_model(args.family, size).to(dtype=torch.bfloat16)
+    model = cutlass_nn.convert(model)
+    trainer = models.Trainer(model, args.mode, "cuda")
+    for i in range(args.warmup):
+        trainer.step(batches[i % len(batches)])
+    torch.cuda.synchronize()
+
+    per_round: dict[str, list[dict]] = defaultdict(list)
+    step_ms: dict[str, list[float]] = defaultdict(list)
+    setter = torch.ops.cutlass_nn._set_gemm_config
+    previous = setter(-1, 0, 0)
+    try:
+        for r in range(args.rounds):
+            # Each round starts one candidate later, so that no candidate always runs first.
+            order = candidates[r % len(candidates):] + candidates[:r % len(candidates)]
+            for c in order:
+                setter(c.config, c.swizzle, c.splits)
+                trainer.step(batches[0])  # one untimed step on the new setting
+                torch.cuda.synchronize()
+                times, ms = _profiled_gemm_times(trainer, batches, args.steps, SWEPT_OPS)
+                per_round[c.label].append(times)
+                step_ms[c.label].append(ms)
+    finally:
+        setter(*previous)
+    times = {label: summarize_rounds(rounds) for label, rounds in per_round.items()}
+    best = best_per_problem(times)
+
+    problems = []
+    for key in sorted(times["rule"], key=lambda k: -times["rule"][k]):
+        op, shapes_text = key
+        shapes = parse_shapes(shapes_text)
+        mnk = gemm_mnk(op, shapes)
+        kernels = {c.label: _probe_kernel(op, shapes, c) for c in candidates}
+        ref = cublas.get(mnk)
+        problems.append({
+            "op": op, "shapes": shapes_text, "mnk": list(mnk),
+            "us": {label: t.get(key) for label, t in times.items()},
+            "kernel": kernels,
+            "cublas_us_same_mnk": ref,
+            **best[key],
+        })
+    result: dict[str, Any] = {
+        "mode": "step-sweep", "meta": meta,
+        "settings": {k: v for k, v in vars(args).items() if k != "candidate_list"} | {"out": str(args.out)},
+        "config_names": names,
+        "candidates": [c.label for c in candidates],
+        "step_gpu_ms": {label: statistics.median(v) for label, v in step_ms.items()},
+        "stock_step_gpu_ms": stock_side["gpu_ms_per_step"],
+        "problems": problems,
+    }
+    print(f"== step-sweep {args.family}-{args.size} {args.mode}: GPU ms per step, stock "
+          f"{stock_side['gpu_ms_per_step']:.3f}; " +
+          ", ".join(f"{k} {v:.3f}" for k, v in result["step_gpu_ms"].items()))
+    labels = [c.label for c in candidates]
+    print("   us per call  " + " ".join(f"{label:>7s}" for label in labels) + "   cuBLAS  best")
+    for p in problems:
+        cells = " ".join(f"{p['us'][label]:7.1f}" if p["us"].get(label) else "      -" for label in labels)
+        ref = f"{min(p['cublas_us_same_mnk']):7.1f}" if p["cublas_us_same_mnk"] else "      -"
+        print(f"   {p['op'][12:]:13s} {'x'.join(map(str, p['mnk'])):16s} {cells} {ref}  "
+              f"{p['best']} ({p['rule_over_best']:.3f})")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"step_sweep_{bench._slug(meta)}_{bench._stamp()}.json"
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(f"json {path}", flush=True)
+    return 0

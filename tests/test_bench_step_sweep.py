@@ -1,0 +1,88 @@
+"""bench --what step-sweep: candidates, (m, n, k) of each operator, round medians, the best choice,
+arguments (CPU; the sweep itself needs a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cutlass_nn.bench import cli, step_sweep as ss
+
+
+def test_candidates_parse_with_the_rule_first_and_no_duplicates():
+    got = ss.parse_candidates("0,2/1,14:1,rule,2/1,3/2:4")
+    assert [c.label for c in got] == ["rule", "0", "2/1", "14:1", "3/2:4"]
+    assert got[0].config == -1
+    assert (got[4].config, got[4].splits, got[4].swizzle) == (3, 2, 4)
+    assert [c.label for c in ss.parse_candidates("")] == ["rule"]
+
+
+@pytest.mark.parametrize("text", ["x", "2/", "14:", "-1", "2/1/3", "99"])
+def test_bad_candidates_are_named(text):
+    with pytest.raises(ValueError, match="--candidates") as info:
+        ss.parse_candidates(text, config_count=15)
+    assert repr(text) in str(info.value) or "99" in str(info.value)
+
+
+def test_swizzle_and_splits_limits():
+    with pytest.raises(ValueError, match="swizzle"):
+        ss.parse_candidates("3:9")
+    with pytest.raises(ValueError, match="splits"):
+        ss.parse_candidates("2/65")
+
+
+def test_gemm_mnk_of_each_operator():
+    # A linear layer of 1024 inputs and 2816 outputs over 4 x 1024 tokens.
+    assert ss.gemm_mnk("cutlass_nn::linear", [[4, 1024, 1024], [2816, 1024], []]) == (4096, 2816, 1024)
+    assert ss.gemm_mnk("cutlass_nn::linear_dgrad", [[4, 1024, 2816], [2816, 1024]]) == (4096, 1024, 2816)
+    assert ss.gemm_mnk("cutlass_nn::linear_wgrad", [[4, 1024, 2816], [4, 1024, 1024]]) == (2816, 1024, 4096)
+    assert ss.gemm_mnk("aten::mm", [[2816, 4096], [4096, 1024]]) == (2816, 1024, 4096)
+    assert ss.gemm_mnk("aten::addmm", [[2816], [4096, 1024], [1024, 2816]]) == (4096, 2816, 1024)
+    # 2-D inputs (as Inductor may pass them) give the same problem.
+    assert ss.gemm_mnk("cutlass_nn::linear", [[4096, 1024], [2816, 1024], []]) == (4096, 2816, 1024)
+    with pytest.raises(ValueError, match="aten::bmm"):
+        ss.gemm_mnk("aten::bmm", [[2, 3, 4], [2, 4, 5]])
+
+
+def test_shapes_text_parses():
+    assert ss.parse_shapes("[[4, 1024, 1024], [32000, 1024], []]") == [[4, 1024, 1024], [32000, 1024], []]
+
+
+def test_round_medians_skip_missing_keys():
+    a, b = ("linear", "s1"), ("linear", "s2")
+    got = ss.summarize_rounds([{a: 10.0, b: 5.0}, {a: 12.0}, {a: 11.0, b: 7.0}])
+    assert got == {a: 11.0, b: 6.0}
+
+
+def test_best_keeps_the_rule_within_the_margin():
+    a, b, c = ("op", "a"), ("op", "b"), ("op", "c")
+    times = {
+        "rule": {a: 100.0, b: 100.0, c: 100.0},
+        "3": {a: 90.0, b: 99.0, c: 120.0},
+        "14": {a: 95.0, b: 98.5},  # b: 1.5% faster, inside the 2% margin
+    }
+    best = ss.best_per_problem(times)
+    assert best[a]["best"] == "3" and best[a]["best_us"] == 90.0
+    assert best[a]["rule_over_best"] == pytest.approx(100 / 90)
+    assert best[b]["best"] == "rule" and best[b]["rule_over_best"] == 1.0
+    assert best[c]["best"] == "rule"
+    # With no margin the 1.5% is taken.
+    assert ss.best_per_problem(times, margin=0.0)[b]["best"] == "14"
+
+
+def test_arguments():
+    args = ss.parse_args(["--what", "step-sweep", "--candidates", "3,14", "--rounds", "2"])
+    assert [c.label for c in args.candidate_list] == ["rule", "3", "14"]
+    assert args.mode == "compile" and args.size == "host" and args.rounds == 2
+    assert cli._delegated_what(["--what", "step-sweep"]) == "step-sweep"
+    for bad in (["--rounds", "0"], ["--steps", "0"], ["--candidates", "x"], ["--mode", "reduce-overhead"],
+                ["--warmup", "1"]):
+        with pytest.raises(SystemExit):
+            ss.parse_args(["--what", "step-sweep", *bad])
+
+
+def test_without_a_gpu_it_says_so(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["--what", "step-sweep"]) == 2
+    assert cli.NO_CUDA_MESSAGE in capsys.readouterr().err
