@@ -86,3 +86,8 @@ def test_without_a_gpu_it_says_so(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cli.main(["--what", "step-sweep"]) == 2
     assert cli.NO_CUDA_MESSAGE in capsys.readouterr().err
+
+
+def test_pdl_is_off_unless_asked():
+    assert ss.parse_args(["--what", "step-sweep"]).pdl is False
+    assert ss.parse_args(["--what", "step-sweep", "--pdl"]).pdl is True

@@ -24,8 +24,11 @@ Usage::
 
 A candidate is ``rule`` or ``config[/splits][:swizzle]`` (``2/1``: config 2 data-parallel,
 ``14:1``: config 14 with a swizzle of 1). ``reduce-overhead`` mode is refused: a CUDA-graph replay
-records no operators, and its kernels were captured with one configuration. JSON to ``--out``, a
-table on stdout.
+records no operators, and its kernels were captured with one configuration. The GEMMs run without
+programmatic dependent launch unless ``--pdl`` (with it, a GEMM's kernel starts while the one
+before it finishes and waits for it on the GPU, so its measured time includes the end of its
+predecessor and each candidate's time depends on its neighbours' candidates). JSON to ``--out``,
+a table on stdout.
 """
 
 from __future__ import annotations
@@ -162,6 +165,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="profiled steps per candidate and round")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compiles)")
     p.add_argument("--vocab", type=int, default=None, help="vocabulary (default: the size's)")
+    p.add_argument("--pdl", action="store_true",
+                   help="keep programmatic dependent launch on (off by default: see the docstring)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(list(argv))
     try:
@@ -219,6 +224,24 @@ def _probe_kernel(op: str, shapes: list[list[int]], candidate: Candidate) -> str
         ops._set_gemm_config(*previous)
 
 
+def _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms) -> None:
+    """The interleaved rounds: each candidate forced, one untimed step, ``args.steps`` profiled
+    ones; the forced setting is undone even when a step raises."""
+    try:
+        for r in range(args.rounds):
+            # Each round starts one candidate later, so that no candidate always runs first.
+            order = candidates[r % len(candidates):] + candidates[:r % len(candidates)]
+            for c in order:
+                setter(c.config, c.swizzle, c.splits)
+                trainer.step(batches[0])  # one untimed step on the new setting
+                torch.cuda.synchronize()
+                times, ms = _profiled_gemm_times(trainer, batches, args.steps, SWEPT_OPS)
+                per_round[c.label].append(times)
+                step_ms[c.label].append(ms)
+    finally:
+        setter(-1, 0, 0)
+
+
 def main(argv: Sequence[str]) -> int:
     from cutlass_nn.bench import cli as bench
     from cutlass_nn.bench import models
@@ -268,19 +291,9 @@ def main(argv: Sequence[str]) -> int:
     step_ms: dict[str, list[float]] = defaultdict(list)
     setter = torch.ops.cutlass_nn._set_gemm_config
     previous = setter(-1, 0, 0)
-    try:
-        for r in range(args.rounds):
-            # Each round starts one candidate later, so that no candidate always runs first.
-            order = candidates[r % len(candidates):] + candidates[:r % len(candidates)]
-            for c in order:
-                setter(c.config, c.swizzle, c.splits)
-                trainer.step(batches[0])  # one untimed step on the new setting
-                torch.cuda.synchronize()
-                times, ms = _profiled_gemm_times(trainer, batches, args.steps, SWEPT_OPS)
-                per_round[c.label].append(times)
-                step_ms[c.label].append(ms)
-    finally:
-        setter(*previous)
+    with cutlass_nn.ops.programmatic_launch(bool(args.pdl)):
+        _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms)
+    setter(*previous)
     times = {label: summarize_rounds(rounds) for label, rounds in per_round.items()}
     best = best_per_problem(times)
 
