@@ -181,9 +181,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def _profiled_gemm_times(trainer, batches, steps: int, ops: Sequence[str]) -> tuple[dict, float]:
-    """GPU microseconds per call of each (operator, shapes) in ``ops`` over ``steps`` steps, and
-    the step's GPU milliseconds (every kernel)."""
+def _profiled_gemm_times(trainer, batches, steps: int, ops: Sequence[str]
+                         ) -> tuple[dict, float, dict]:
+    """GPU microseconds per call of each (operator, shapes) in ``ops`` over ``steps`` steps, the
+    step's GPU milliseconds (every kernel), and each (operator, shapes)'s calls per step."""
     from cutlass_nn.bench import step_profile as sp
 
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -199,7 +200,8 @@ def _profiled_gemm_times(trainer, batches, steps: int, ops: Sequence[str]) -> tu
             total[(op, shapes)] += sum(us for _, us in kernels)
             calls[(op, shapes)] += 1
     gpu_us = sum(e.device_time for e in events if sp.is_kernel(e))
-    return {k: total[k] / calls[k] for k in total}, gpu_us / steps / 1e3
+    return ({k: total[k] / calls[k] for k in total}, gpu_us / steps / 1e3,
+            {k: calls[k] / steps for k in calls})
 
 
 def _probe_kernel(op: str, shapes: list[list[int]], candidate: Candidate) -> str:
@@ -224,7 +226,7 @@ def _probe_kernel(op: str, shapes: list[list[int]], candidate: Candidate) -> str
         ops._set_gemm_config(*previous)
 
 
-def _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms) -> None:
+def _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms, calls) -> None:
     """The interleaved rounds: each candidate forced, one untimed step, ``args.steps`` profiled
     ones; the forced setting is undone even when a step raises."""
     try:
@@ -235,7 +237,8 @@ def _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms
                 setter(c.config, c.swizzle, c.splits)
                 trainer.step(batches[0])  # one untimed step on the new setting
                 torch.cuda.synchronize()
-                times, ms = _profiled_gemm_times(trainer, batches, args.steps, SWEPT_OPS)
+                times, ms, per_step = _profiled_gemm_times(trainer, batches, args.steps, SWEPT_OPS)
+                calls.update(per_step)
                 per_round[c.label].append(times)
                 step_ms[c.label].append(ms)
     finally:
@@ -290,9 +293,10 @@ def main(argv: Sequence[str]) -> int:
     per_round: dict[str, list[dict]] = defaultdict(list)
     step_ms: dict[str, list[float]] = defaultdict(list)
     setter = torch.ops.cutlass_nn._set_gemm_config
+    calls: dict[tuple[str, str], float] = {}
     previous = setter(-1, 0, 0)
     with cutlass_nn.ops.programmatic_launch(bool(args.pdl)):
-        _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms)
+        _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms, calls)
     setter(*previous)
     times = {label: summarize_rounds(rounds) for label, rounds in per_round.items()}
     best = best_per_problem(times)
@@ -305,7 +309,7 @@ def main(argv: Sequence[str]) -> int:
         kernels = {c.label: _probe_kernel(op, shapes, c) for c in candidates}
         ref = cublas.get(mnk)
         problems.append({
-            "op": op, "shapes": shapes_text, "mnk": list(mnk),
+            "op": op, "shapes": shapes_text, "mnk": list(mnk), "calls_per_step": calls.get(key),
             "us": {label: t.get(key) for label, t in times.items()},
             "kernel": kernels,
             "cublas_us_same_mnk": ref,
@@ -319,6 +323,9 @@ def main(argv: Sequence[str]) -> int:
         "step_gpu_ms": {label: statistics.median(v) for label, v in step_ms.items()},
         "stock_step_gpu_ms": stock_side["gpu_ms_per_step"],
         "problems": problems,
+        # What the step's GEMMs would save per step if each problem ran its in-step best.
+        "best_saves_us_per_step": sum((p["rule_us"] - p["best_us"]) * (p["calls_per_step"] or 0)
+                                      for p in problems),
     }
     print(f"== step-sweep {args.family}-{args.size} {args.mode}: GPU ms per step, stock "
           f"{stock_side['gpu_ms_per_step']:.3f}; " +
@@ -330,6 +337,8 @@ def main(argv: Sequence[str]) -> int:
         ref = f"{min(p['cublas_us_same_mnk']):7.1f}" if p["cublas_us_same_mnk"] else "      -"
         print(f"   {p['op'][12:]:13s} {'x'.join(map(str, p['mnk'])):16s} {cells} {ref}  "
               f"{p['best']} ({p['rule_over_best']:.3f})")
+    print(f"   each problem on its in-step best: {result['best_saves_us_per_step']:.1f} us less "
+          f"GEMM time per step")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"step_sweep_{bench._slug(meta)}_{bench._stamp()}.json"
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
