@@ -298,6 +298,15 @@ Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = 
   }
   if ((p.k <= 2048 && tiles128 >= 512) || (tiles128 > 1024 && tiles128 < 2048 && p.k <= 4096)) {
     c.config = 3;
+    // v0.27, the weight gradient here over more than 2048 tokens (so 1025-2047 tiles): a
+    // swizzle of 2, measured inside compiled training steps (bench --what step-sweep): the
+    // 32000 x 1024 language-model head over 4096 tokens (2000 tiles) runs 7-10% faster with it
+    // (356-359 us vs 383-393 in the llama / bert / gpt steps;
+    // results/step_sweep_nvidia-h100-80gb-hbm3_20261126-172447 / -172545 / -172749.json).
+    if (wgrad_layout && p.k > 2048 &&
+        !swizzle_adds_wave(ceil_div(p.m, 128), ceil_div(p.n, 128), 1, 2, 2, sms)) {
+      c.swizzle = 2;
+    }
     return c;
   }
   if (same_dtype_out && p.m >= 1024 && tile192_fills_waves_better(p, sms)) {
