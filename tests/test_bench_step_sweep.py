@@ -91,3 +91,52 @@ def test_without_a_gpu_it_says_so(monkeypatch, capsys):
 def test_pdl_is_off_unless_asked():
     assert ss.parse_args(["--what", "step-sweep"]).pdl is False
     assert ss.parse_args(["--what", "step-sweep", "--pdl"]).pdl is True
+
+
+def test_round_order_rotates_and_reverses():
+    cands = ss.parse_candidates("0,3,14")  # rule, 0, 3, 14
+    labels = [[c.label for c in ss.round_order(cands, r)] for r in range(4)]
+    assert labels[0] == ["rule", "0", "3", "14"]
+    assert labels[1] == ["rule", "14", "3", "0"]  # rotated by one, reversed
+    assert labels[2] == ["3", "14", "rule", "0"]
+    assert all(sorted(x) == sorted(labels[0]) for x in labels)
+    # no candidate has the same predecessor in every round
+    def before(order, label):
+        return order[order.index(label) - 1] if order.index(label) else None
+    for label in labels[0]:
+        assert len({before(order, label) for order in labels}) > 1
+
+
+def test_forced_setting_is_restored_when_a_step_raises():
+    import types
+
+    state = [3, 2, 0]  # a configuration forced before the sweep
+
+    def setter(config, swizzle, splits=0):
+        previous = list(state)
+        state[:] = [config, swizzle, splits]
+        return previous
+
+    class FailingTrainer:
+        calls = 0
+
+        def step(self, batch):
+            FailingTrainer.calls += 1
+            raise RuntimeError("a step failed")
+
+    args = types.SimpleNamespace(rounds=2, steps=1)
+    previous = setter(-1, 0, 0)
+    with pytest.raises(RuntimeError, match="a step failed"):
+        ss._sweep_rounds(args, ss.parse_candidates("0,14"), FailingTrainer(), [None], setter,
+                         {}, {}, {}, previous)
+    assert FailingTrainer.calls == 1
+    assert state == [3, 2, 0]
+
+
+def test_a_failing_probe_is_recorded(monkeypatch):
+    def boom(op, shapes, candidate):
+        raise RuntimeError("CUDA out of memory\nmore")
+
+    monkeypatch.setattr(ss, "_probe_kernel", boom)
+    assert ss._probe_or_error("cutlass_nn::linear", [[1, 8], [8, 8], []], ss.Candidate(0)) == \
+        "error: CUDA out of memory"

@@ -127,7 +127,8 @@ RULE_CASES = {
     ("wgrad", 32000, 1024, 4096): (0, 0, 0, False),  # the language-model head: 357 vs 383-393 us
     ("wgrad", 11008, 2048, 4096): (0, 0, 0, False),
     ("wgrad", 5120, 5120, 4096): (0, 0, 0, False),  # isolated 0.903 vs 0.828 of cuBLAS
-    ("wgrad", 32000, 1024, 2048): (3, 0, 0, False),  # over 2048 tokens: as before
+    ("wgrad", 32000, 1024, 2048): (3, 0, 0, False),  # over exactly 2048 tokens: as before
+    ("wgrad", 32000, 1024, 2049): (0, 0, 0, False),
     ("dgrad", 4096, 1024, 32000): (0, 0, 0, False),  # the head's other GEMMs do not change
     ("fwd", 4096, 32000, 1024): (3, 0, 0, False),
 }
@@ -179,6 +180,16 @@ def test_rule_swizzle_never_adds_a_wave(harness, op):
                 assert waves[1] == waves[0], (op, m, n, k, got, waves)
                 checked += 1
     assert checked > 0  # the rule does swizzle some of these
+
+
+def test_float32_output_weight_gradient_keeps_ping_pong(harness):
+    """v0.27 moved the 16-bit-output weight gradients of 1025-2047 tiles over 2049-4096 tokens
+    to config 0 on bf16 measurements; a float32 output (main-gradient accumulation) keeps
+    config 3."""
+    got = plan(harness, "wgrad", 32000, 1024, 4096, out_f32=True)
+    assert (got.config, got.swizzle, got.splits) == (3, 0, 0), got
+    assert got.kernel == "sm90_tma_ws_bf16_f32_nt_128x128x64_1x2x1_pingpong", got
+    assert plan(harness, "wgrad", 32000, 1024, 4096).config == 0
 
 
 def test_float32_output_never_gets_the_16bit_only_configurations(harness):

@@ -297,15 +297,16 @@ Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = 
     }
   }
   if ((p.k <= 2048 && tiles128 >= 512) || (tiles128 > 1024 && tiles128 < 2048 && p.k <= 4096)) {
-    // v0.27: the weight gradient here over more than 2048 tokens (so 1025-2047 tiles) keeps
-    // config 0. Measured inside compiled training steps (bench --what step-sweep), the 32000 x
+    // v0.27: the weight gradient here over 2049-4096 tokens (so 1025-2047 tiles), with the
+    // input dtype out, keeps config 0 (a float32 output, the main-gradient accumulation, was
+    // not measured and keeps ping-pong). Measured inside compiled training steps (bench --what step-sweep), the 32000 x
     // 1024 language-model head over 4096 tokens (2000 tiles) ran 356-359 us on config 0 against
     // 383-393 on config 3 in the llama / bert / gpt steps
     // (results/step_sweep_nvidia-h100-80gb-hbm3_20261126-172447 / -172545 / -172749.json);
     // isolated, config 0 beat config 3 (best of swizzles 1 and 2) on six of seven such weight
     // gradients by 4-15% (2048 x 11008 over 4096 tokens 0.943 vs 0.854 of cuBLAS, 5120 x 5120
     // 0.903 vs 0.828; the head 0.976 vs 0.965: results/sweep_..._20261126-174139.json).
-    if (!(wgrad_layout && p.k > 2048)) c.config = 3;
+    if (!(wgrad_layout && same_dtype_out && p.k > 2048)) c.config = 3;
     return c;
   }
   if (same_dtype_out && p.m >= 1024 && tile192_fills_waves_better(p, sms)) {
@@ -426,8 +427,8 @@ bool tile128x64_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //   * v0.25: the 128x192 tile again in place of the transposed problem where config 14 had
 //     taken its place in the row-major rule (N >= 2048, not the weight gradient's layout;
 //     1024 x 2816 x 2816 forward: 0.607 transposed, 0.90-0.94 with the 128x192 tile);
-//   * v0.27: the weight gradient of 1025-2047 128x128 tiles over more than 2048 tokens keeps
-//     config 0 instead of ping-pong (the 32000 x 1024 head over 4096 tokens: 357 vs 383-393 us
+//   * v0.27: the weight gradient of 1025-2047 128x128 tiles over 2049-4096 tokens, input dtype
+//     out, keeps config 0 instead of ping-pong (the 32000 x 1024 head over 4096 tokens: 357 vs 383-393 us
 //     inside compiled training steps; isolated, 2048 x 11008 0.943 vs 0.854, 5120 x 5120 0.903
 //     vs 0.828 of cuBLAS);
 //   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent): the tile cuBLAS

@@ -17,10 +17,19 @@ model's cuBLAS GEMMs of the same (m, n, k). A forced configuration changes no re
 rounding (every kernel computes the same product), and the dispatcher's plan cache keys on it,
 so no recompilation happens between rounds.
 
+What the table covers: the plain linear operators (:data:`SWEPT_OPS`, what ``convert`` makes of
+an ``nn.Linear``); the forced configuration reaches every other 16-bit GEMM of the step too
+(``mm``, accumulating weight gradients), whose time is in the step's total (``step_gpu_ms``)
+but not in the table. The cuBLAS reference is by (m, n, k) only: the profiler records shapes,
+not strides, so where the stock step runs several GEMMs of one (m, n, k) in different layouts
+(a forward and another layer's dgrad), ``cublas_us_same_mnk`` lists each of their times and the
+table prints the smallest.
+
 Usage::
 
     python -m cutlass_nn.bench --what step-sweep [--family llama] [--size host] [--mode compile]
-        [--candidates rule,0,2/1,2/2,3,10,13,14] [--rounds 3] [--steps 2] [--out DIR]
+        [--candidates rule,0,2,2/1,2/2,3,3:2,10,13,14,14:1] [--rounds 3] [--steps 2]
+        [--warmup 3] [--vocab N] [--pdl] [--out DIR]
 
 A candidate is ``rule`` or ``config[/splits][:swizzle]`` (``2/1``: config 2 data-parallel,
 ``14:1``: config 14 with a swizzle of 1). ``reduce-overhead`` mode is refused: a CUDA-graph replay
@@ -226,13 +235,31 @@ def _probe_kernel(op: str, shapes: list[list[int]], candidate: Candidate) -> str
         ops._set_gemm_config(*previous)
 
 
-def _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms, calls) -> None:
+def round_order(candidates: Sequence[Candidate], r: int) -> list[Candidate]:
+    """The candidates of round ``r``: rotated by ``r`` (no candidate always runs first) and
+    reversed in odd rounds (no candidate always runs right after the same one, whose GPU clock
+    and L2 contents it inherits)."""
+    n = len(candidates)
+    order = list(candidates[r % n:]) + list(candidates[:r % n])
+    return order[::-1] if r % 2 else order
+
+
+def _probe_or_error(op: str, shapes: list[list[int]], candidate: Candidate) -> str:
+    """:func:`_probe_kernel`, or ``"error: ..."`` (out of memory, a refused forced setting): a
+    probe that fails must not lose the sweep's timings."""
+    try:
+        return _probe_kernel(op, shapes, candidate)
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+        return f"error: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+
+
+def _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms, calls,
+                  previous: Sequence[int]) -> None:
     """The interleaved rounds: each candidate forced, one untimed step, ``args.steps`` profiled
-    ones; the forced setting is undone even when a step raises."""
+    ones; the setting in force before (``previous``) is restored even when a step raises."""
     try:
         for r in range(args.rounds):
-            # Each round starts one candidate later, so that no candidate always runs first.
-            order = candidates[r % len(candidates):] + candidates[:r % len(candidates)]
+            order = round_order(candidates, r)
             for c in order:
                 setter(c.config, c.swizzle, c.splits)
                 trainer.step(batches[0])  # one untimed step on the new setting
@@ -242,7 +269,7 @@ def _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms
                 per_round[c.label].append(times)
                 step_ms[c.label].append(ms)
     finally:
-        setter(-1, 0, 0)
+        setter(*previous)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -296,8 +323,8 @@ def main(argv: Sequence[str]) -> int:
     calls: dict[tuple[str, str], float] = {}
     previous = setter(-1, 0, 0)
     with cutlass_nn.ops.programmatic_launch(bool(args.pdl)):
-        _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms, calls)
-    setter(*previous)
+        _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms, calls,
+                      previous)
     times = {label: summarize_rounds(rounds) for label, rounds in per_round.items()}
     best = best_per_problem(times)
 
@@ -306,7 +333,7 @@ def main(argv: Sequence[str]) -> int:
         op, shapes_text = key
         shapes = parse_shapes(shapes_text)
         mnk = gemm_mnk(op, shapes)
-        kernels = {c.label: _probe_kernel(op, shapes, c) for c in candidates}
+        kernels = {c.label: _probe_or_error(op, shapes, c) for c in candidates}
         ref = cublas.get(mnk)
         problems.append({
             "op": op, "shapes": shapes_text, "mnk": list(mnk), "calls_per_step": calls.get(key),
