@@ -126,6 +126,30 @@ def test_each_sm90_config_fp32_accumulation(config, gen):
                 f"config {config}")
 
 
+def test_rule_v027_head_weight_gradient(gen):
+    """Rule v0.27: the weight gradient of a 32000 x 1024 language-model head over 4096 tokens
+    (2000 tiles of 128x128) runs config 0 with a 16-bit output, and keeps ping-pong (config 3)
+    with a float32 output (the main-gradient accumulation, which was not measured in float32)."""
+    needs_sm90()
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the expected configurations are those of a 132-SM GPU")
+    tokens, out, inp = 4096, 32000, 1024
+    dy = make_matrix(tokens, out, torch.bfloat16, "contig", gen)
+    x = make_matrix(tokens, inp, torch.bfloat16, "contig", gen)
+    ref64 = dy.double().t() @ x.double()
+    gw = ops.linear_wgrad(dy, x)
+    name = ops.last_kernel_name()
+    assert name.endswith(sm90_config_names()[0]) and "bf16_bf16_nt" in name, name
+    check_close(gw, torch.mm(dy.t(), x), ref64, FLOOR_16, "head wgrad, bf16 out")
+    acc = make_matrix(out, inp, torch.float32, "contig", gen)
+    start = acc.clone()
+    ops.linear_wgrad_accumulate_(acc, dy, x)
+    name = ops.last_kernel_name()
+    assert name.endswith(sm90_config_names()[3]) and "bf16_f32_nt" in name, name
+    check_close(acc, start + torch.mm(dy.t().float(), x.float()), start.double() + ref64,
+                FLOOR_16BIT_INTO_F32, "head wgrad, float32 accumulation")
+
+
 @pytest.mark.parametrize("swizzle", [1, 2, 4, 8])
 def test_scheduler_swizzle(swizzle, gen):
     needs_sm90()
