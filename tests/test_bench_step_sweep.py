@@ -140,3 +140,47 @@ def test_a_failing_probe_is_recorded(monkeypatch):
     monkeypatch.setattr(ss, "_probe_kernel", boom)
     assert ss._probe_or_error("cutlass_nn::linear", [[1, 8], [8, 8], []], ss.Candidate(0)) == \
         "error: CUDA out of memory"
+
+
+def test_profiled_gemm_times_per_operator_and_shapes(monkeypatch):
+    """_profiled_gemm_times over a fake profiler: time per call and calls per step of each swept
+    (operator, shapes); other GEMM operators are left out; the step's GPU time sums every kernel."""
+    import contextlib
+    import types
+
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+    cpu = torch.autograd.DeviceType.CPU
+
+    def op(name, shapes, *kernel_us):
+        kernels = [types.SimpleNamespace(name=f"k{i}", duration=us) for i, us in enumerate(kernel_us)]
+        return types.SimpleNamespace(name=name, input_shapes=shapes, kernels=kernels, device_type=cpu,
+                                     device_time=0.0)
+
+    def kernel(us):
+        return types.SimpleNamespace(name="k", device_type=cuda, device_time=us, is_user_annotation=False)
+
+    events = [
+        op("cutlass_nn::linear_wgrad", [[4, 8], [4, 8]], 20.0),
+        op("cutlass_nn::linear_wgrad", [[4, 8], [4, 8]], 22.0),
+        op("cutlass_nn::linear", [[4, 8], [8, 8], []], 10.0, 2.0),  # two kernels: 12 us
+        op("cutlass_nn::mm", [[4, 8], [8, 8]], 50.0),  # a GEMM operator outside the sweep
+        kernel(20.0), kernel(22.0), kernel(10.0), kernel(2.0), kernel(50.0), kernel(6.0),
+    ]
+
+    @contextlib.contextmanager
+    def fake_profile(**kwargs):
+        yield types.SimpleNamespace(events=lambda: events)
+
+    monkeypatch.setattr(torch.profiler, "profile", fake_profile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    steps = []
+    trainer = types.SimpleNamespace(step=steps.append)
+    times, ms, calls = ss._profiled_gemm_times(trainer, ["b0", "b1"], 2, ss.SWEPT_OPS)
+    assert steps == ["b0", "b1"]
+    wgrad = ("cutlass_nn::linear_wgrad", "[[4, 8], [4, 8]]")
+    fwd = ("cutlass_nn::linear", "[[4, 8], [8, 8], []]")
+    assert times == {wgrad: 21.0, fwd: 12.0}
+    assert calls == {wgrad: 1.0, fwd: 0.5}
+    assert ms == pytest.approx(110.0 / 2 / 1e3)

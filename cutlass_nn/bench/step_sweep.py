@@ -202,15 +202,11 @@ def _profiled_gemm_times(trainer, batches, steps: int, ops: Sequence[str]
             trainer.step(batches[i % len(batches)])
         torch.cuda.synchronize()
     events = prof.events()
-    total: dict[tuple[str, str], float] = defaultdict(float)
-    calls: dict[tuple[str, str], int] = defaultdict(int)
-    for op, shapes, kernels in sp.gemm_op_calls(events):
-        if op in ops:
-            total[(op, shapes)] += sum(us for _, us in kernels)
-            calls[(op, shapes)] += 1
+    rows = [g for g in sp.summarize_gemm_ops(sp.gemm_op_calls(events), steps, top=len(events))
+            if g["op"] in ops]
     gpu_us = sum(e.device_time for e in events if sp.is_kernel(e))
-    return ({k: total[k] / calls[k] for k in total}, gpu_us / steps / 1e3,
-            {k: calls[k] / steps for k in calls})
+    return ({(g["op"], g["shapes"]): g["us_per_call"] for g in rows}, gpu_us / steps / 1e3,
+            {(g["op"], g["shapes"]): g["calls_per_step"] for g in rows})
 
 
 def _probe_kernel(op: str, shapes: list[list[int]], candidate: Candidate) -> str:
