@@ -65,7 +65,7 @@ SM90_CONFIG_NAMES = {
     # 11, 12: small weight gradients over many tokens: 64-row ping-pong tiles, whole K
     11: "64x64x128_1x1x1_pingpong",
     12: "64x32x128_1x1x1_pingpong",
-    13: "128x64x64_1x2x1_coop",
+    13: "64x128x64_1x1x1_pingpong",
     14: "256x128x64_1x2x1_coop",
     15: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only
     16: "128x128x32_2x1x1_coop_promoted",  # the 3xTF32 parts of float32 "highest" only

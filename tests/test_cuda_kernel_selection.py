@@ -471,12 +471,12 @@ def test_stream_k_split_factors(op, splits, gen):
 # benchmarks/NOTES.md): which configuration each GEMM of a layer gets, checked against float64.
 # Config 6 / 7: the transposed problem with 64- / 128-row token tiles; 2: 128x128 stream-K /
 # split-K / data-parallel; 3: 128x128 ping-pong; 0: 128x256 cooperative; 10: 128x192
-# cooperative; 11 / 12: 64x64 / 64x32 ping-pong (small weight gradients); 13 / 14 (v0.22): 128x64 /
-# 256x128 cooperative with a 1x2 cluster.
+# cooperative; 11 / 12: 64x64 / 64x32 ping-pong (small weight gradients); 13: 64x128 ping-pong
+# (v0.28; a 128x64 tile from v0.22); 14 (v0.22): 256x128 cooperative with a 1x2 cluster.
 TRANSFORMER_RULE_CASES = [
     ("linear", (512, 1024, 1024), 6),  # few tiles: transposed, token tile narrowed to fill SMs
     ("linear", (512, 2304, 768), 7),
-    ("linear", (4096, 256, 1024), 13),  # a grouped-query key/value projection: 128 tiles of 128x64
+    ("linear", (4096, 256, 1024), 13),  # a grouped-query key/value projection: 128 tiles of 64x128
     ("linear", (2048, 256, 1024), 6),  # 64 tiles of 128x64: transposed
     ("linear", (4096, 128, 8192), 6),
     ("linear", (512, 4096, 11008), 2),  # 128-row token tiles over a long K: stays row-major
@@ -484,7 +484,7 @@ TRANSFORMER_RULE_CASES = [
     ("linear_wgrad", (4096, 768, 768), 2),  # 36 tiles: K split into 3
     ("linear_wgrad", (4096, 256, 1024), 11),  # 64 tiles of 64x64, each over the whole K
     ("linear_wgrad", (512, 256, 1024), 12),  # 128 tiles of 64x32 over 512 tokens
-    ("linear_wgrad", (4096, 1024, 1024), 13),  # 1024 rows over 4096 tokens: 128 tiles of 128x64
+    ("linear_wgrad", (4096, 1024, 1024), 13),  # 1024 rows over 4096 tokens: 128 tiles of 64x128
     ("linear", (4096, 1024, 1024), 14),  # 128 tiles of 256x128
     ("linear_dgrad", (4096, 256, 1024), 14),  # dgrad GEMM 4096 x 1024 x 256
     ("linear_wgrad", (4096, 3072, 1024), 14),  # 96 tiles of 256x128 over 4096 tokens

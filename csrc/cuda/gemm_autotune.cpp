@@ -271,7 +271,7 @@ constexpr std::array<std::array<int, 3>, 23> kCandidates = {{
     {8, 0, 0}, {9, 0, 0},                          // short-K weight gradient
     {10, 0, 0},                                    // 128x192, 2x1 cluster
     {11, 0, 0}, {12, 0, 0},                        // small weight gradient, whole K
-    {13, 0, 0},                                    // 128x64, 1x2 cluster
+    {13, 0, 0},                                    // 64x128 ping-pong
     {14, 0, 0},                                    // 256x128, 1x2 cluster
 }};
 

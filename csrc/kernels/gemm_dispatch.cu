@@ -114,9 +114,9 @@ constexpr int kShortKWideConfig = 9;
 constexpr int kTile192Config = 10;
 constexpr int kSmallWgradConfig = 11;
 constexpr int kSmallWgradNarrowConfig = 12;
-// 128x64 and 256x128 tiles with a 1x2 cluster, cooperative (Sm90TileConfig<13, 14>), compiled
-// with the input dtype out only.
-constexpr int kTile128x64Config = 13;
+// The 64x128 ping-pong tile (Sm90TileConfig<13>) and the 256x128 cooperative one with a 1x2
+// cluster (Sm90TileConfig<14>), compiled with the input dtype out only.
+constexpr int kTile64x128Config = 13;
 constexpr int kTile256x128Config = 14;
 // The transposed configurations by token rows per tile (Sm90TileConfig<4..7>), narrowest first.
 struct SwappedTile {
@@ -187,13 +187,14 @@ bool tile192_fills_one_wave(const GemmParams& p, int64_t sms) {
   return tiles192 <= sms && tiles192 * 20 >= sms * 17;
 }
 
-// Whether a problem's 128x64 tiles (config 13) fill 85-100% of one wave of the SMs, for at least
+// Whether a problem's 64x128 tiles (config 13) fill 85-100% of one wave of the SMs, for at least
 // 1024 rows, 256 columns and K >= 1024, with the input dtype out: where the smaller tile gives
-// every SM a tile that 128x128 / 128x256 tiles would leave idle (v0.22: the 1024 x 1024 weight
-// gradient over 4096 tokens 0.79-0.80 vs 0.72-0.73 for split-K; the 4096 x 256 x 1024 forward
-// 0.95 vs 0.92 for the transposed problem).
-bool tile128x64_fills_one_wave(const GemmParams& p, int64_t sms) {
-  const int64_t tiles = scheduled_tiles(ceil_div(p.m, 128), ceil_div(p.n, 64), 1, 2, 1);
+// every SM a tile that 128x128 / 128x256 tiles would leave idle (v0.22, with config 13 then a
+// 128x64 tile: the 1024 x 1024 weight gradient over 4096 tokens 0.79-0.80 vs 0.72-0.73 for
+// split-K; the 4096 x 256 x 1024 forward 0.95 vs 0.92 for the transposed problem; v0.28's 64x128
+// tile: 0.99 and 1.01).
+bool tile64x128_fills_one_wave(const GemmParams& p, int64_t sms) {
+  const int64_t tiles = scheduled_tiles(ceil_div(p.m, 64), ceil_div(p.n, 128), 1, 1, 1);
   return p.dtype_cd == p.dtype_ab && p.m >= 1024 && p.n >= 256 && p.k >= 1024 && tiles <= sms &&
          tiles * 20 >= sms * 17;
 }
@@ -248,9 +249,9 @@ Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = 
                      : kSmallWgradConfig;
       return c;
     }
-    if (tile128x64_fills_one_wave(p, sms)) {
-      c.config = kTile128x64Config;
-      c.swizzle = swizzle_adds_wave(ceil_div(p.m, 128), ceil_div(p.n, 64), 1, 2, 2, sms) ? 1 : 2;
+    if (tile64x128_fills_one_wave(p, sms)) {
+      c.config = kTile64x128Config;
+      c.swizzle = swizzle_adds_wave(ceil_div(p.m, 64), ceil_div(p.n, 128), 1, 1, 2, sms) ? 1 : 2;
       return c;
     }
     c.config = 2;
@@ -347,12 +348,13 @@ bool tile192_replaces_transposed_without_config14(const GemmParams& p) {
          choose_row_major_config(p, false).config == kTile192Config;
 }
 
-// Whether a problem the rule would transpose runs on config 13's 128x64 tiles instead, where
-// they fill 85-100% of one wave (tile128x64_fills_one_wave; 4096 x 256 x 1024 forward: 0.95 vs
-// 0.92) and the row-major rule (`row_major`) picks them.
-bool tile128x64_replaces_transposed(const GemmParams& p, const Sm90Choice& row_major,
+// Whether a problem the rule would transpose runs on config 13's 64x128 tiles instead, where
+// they fill 85-100% of one wave (tile64x128_fills_one_wave; 4096 x 256 x 1024 forward: 0.95 vs
+// 0.92 with v0.22's 128x64 tile, 1.01 with v0.28's 64x128 one) and the row-major rule
+// (`row_major`) picks them.
+bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_major,
                                     int64_t sms) {
-  return tile128x64_fills_one_wave(p, sms) && row_major.config == kTile128x64Config;
+  return tile64x128_fills_one_wave(p, sms) && row_major.config == kTile64x128Config;
 }
 
 }  // namespace
@@ -431,6 +433,10 @@ bool tile128x64_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     out, keeps config 0 instead of ping-pong (the 32000 x 1024 head over 4096 tokens: 357 vs 383-393 us
 //     inside compiled training steps; isolated, 2048 x 11008 0.943 vs 0.854, 5120 x 5120 0.903
 //     vs 0.828 of cuBLAS);
+//   * v0.28: config 13 becomes a 64x128 ping-pong tile without a cluster (64x128 WGMMAs per
+//     warpgroup instead of the 128x64 cooperative tile's 64x64), at the same places, its one-wave
+//     test counting 64x128 tiles (1024 x 1024 wgrad over 4096 tokens 0.99 vs 0.79, 16384 tokens
+//     0.96 vs 0.77, 4096 x 256 x 1024 forward 1.01 vs 0.90);
 //   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent): the tile cuBLAS
 //     picks most at these shapes (its nvjet 256x128 1x2 kernels, results/cublas_kernels_*),
 //     with a scheduler swizzle of 2 from 48 tiles along the grid's shorter side (v0.10:
@@ -478,7 +484,7 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
   if (tiles256 * 4 >= 3 * sms) return row_major;
   // Under 3/4 of a wave of 128x256 tiles: the transposed problem, or a row-major tile in its place.
   if (tile192_replaces_transposed(p, row_major, sms) ||
-      tile128x64_replaces_transposed(p, row_major, sms)) {
+      tile64x128_replaces_transposed(p, row_major, sms)) {
     return standing_in_for_transposed(row_major);
   }
   const int transposed = transposed_config(p, sms);
@@ -822,7 +828,7 @@ const char* sm90_config_name(int config) {
     case 10: return "128x192x64_2x1x1_coop";
     case 11: return "64x64x128_1x1x1_pingpong";
     case 12: return "64x32x128_1x1x1_pingpong";
-    case 13: return "128x64x64_1x2x1_coop";
+    case 13: return "64x128x64_1x1x1_pingpong";
     case 14: return "256x128x64_1x2x1_coop";
     case 15: return "128x256x32_2x1x1_coop";
     case 16: return "128x128x32_2x1x1_coop_promoted";

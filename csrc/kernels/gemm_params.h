@@ -113,8 +113,8 @@ const char* gemm_status_string(GemmStatus status);
 // Number of SM90 tile configurations of the 16-bit kernels, and the name of one (nullptr past
 // the end); index = GemmParams::sm90_config. Configs 4-7 run the transposed problem (small M),
 // 8 and 9 are the short-K (wgrad) ones, 10 the 128x192 tile, 11 and 12 the small-wgrad ones,
-// 13 and 14 the 128x64 and 256x128 tiles with a 1x2 cluster; configs 15 (TF32) and 16 (3xTF32
-// parts, promoted accumulation) are float32 only and not counted.
+// 13 the 64x128 ping-pong tile, 14 the 256x128 tile with a 1x2 cluster; configs 15 (TF32) and
+// 16 (3xTF32 parts, promoted accumulation) are float32 only and not counted.
 constexpr int kSm90ConfigCount = 15;
 const char* sm90_config_name(int config);
 

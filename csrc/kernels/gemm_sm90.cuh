@@ -164,18 +164,20 @@ struct Sm90SmallWgradTileConfig {
 template <> struct Sm90TileConfig<11> : Sm90SmallWgradTileConfig<64> {};
 template <> struct Sm90TileConfig<12> : Sm90SmallWgradTileConfig<32> {};
 
-// 13: 128x64 tile, 2-CTA cluster along N, cooperative (each consumer warpgroup 64x64),
-// persistent: twice config 3's tile count, so a mid-size output fills the SMs with whole-K tiles
-// (1024 x 1024: 128 tiles), the token-row tile multicast to both CTAs of the cluster. What cuBLAS
-// runs on the weight gradient of a 1024 x 1024 layer over 4096 tokens and on a 256-wide
-// forward (its nvjet 128x64 1x2 kernels, results/cublas_kernels_h100_20261124.json), where our
-// split-K / 64-row tiles run at 0.64-0.79 of it. About 24 KiB per stage (8 stages).
+// 13: 64x128 tile, ping-pong (each consumer warpgroup runs a whole tile with 64x128 WGMMAs),
+// no cluster, persistent: a mid-size output (1024 x 1024: 128 tiles) fills the SMs with whole-K
+// tiles. What cuBLAS runs on the weight gradient of a 1024 x 1024 layer over 4096 tokens (its
+// nvjet "128x64 1x2" kernel, whose M is our N). Until v0.28 this configuration was a cooperative
+// 128x64 tile with a 1x2 cluster, which splits the tile into one 64x64 WGMMA per warpgroup: a
+// 64x64x16 WGMMA reads 4 KiB of shared memory per 32 clocks at full tensor rate, all that the
+// SM's shared memory delivers, and that tile ran 0.79 of cuBLAS there against this one's 0.99
+// (benchmarks/NOTES.md v0.28; with a 2x1 cluster the same tile ran 0.78). 32 KiB per stage.
 template <>
 struct Sm90TileConfig<13> {
-  using TileShape = cute::Shape<cute::_128, cute::_64, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileShape = cute::Shape<cute::_64, cute::_128, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 

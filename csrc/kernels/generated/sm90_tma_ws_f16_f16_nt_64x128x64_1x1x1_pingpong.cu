@@ -5,7 +5,7 @@
 namespace cutlass_nn {
 namespace kernels {
 
-// sm90_tma_ws_f16_f16_nt_128x64x64_1x2x1_coop
+// sm90_tma_ws_f16_f16_nt_64x128x64_1x1x1_pingpong
 template GemmStatus launch<KernelTag<KernelFamily::kSm90TmaWs, DType::kFloat16, DType::kFloat16, Layout::kColumnMajor, Layout::kRowMajor, 8, 13, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 }  // namespace kernels

@@ -5,7 +5,7 @@
 namespace cutlass_nn {
 namespace kernels {
 
-// sm90_tma_ws_bf16_bf16_tn_128x64x64_1x2x1_coop
+// sm90_tma_ws_bf16_bf16_tn_64x128x64_1x1x1_pingpong
 template GemmStatus launch<KernelTag<KernelFamily::kSm90TmaWs, DType::kBFloat16, DType::kBFloat16, Layout::kRowMajor, Layout::kColumnMajor, 8, 13, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 }  // namespace kernels
