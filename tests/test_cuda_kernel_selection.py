@@ -481,7 +481,7 @@ TRANSFORMER_RULE_CASES = [
     ("linear", (4096, 128, 8192), 6),
     ("linear", (512, 4096, 11008), 2),  # 128-row token tiles over a long K: stays row-major
     ("linear_dgrad", (512, 3072, 768), 6),  # dgrad GEMM 512 x 768 x 3072, transposed ("tt")
-    ("linear_wgrad", (4096, 768, 768), 2),  # 36 tiles: K split into 3
+    ("linear_wgrad", (4096, 768, 768), 13),  # 72 tiles of 64x128, each over the whole K (v0.29)
     ("linear_wgrad", (4096, 256, 1024), 11),  # 64 tiles of 64x64, each over the whole K
     ("linear_wgrad", (512, 256, 1024), 12),  # 128 tiles of 64x32 over 512 tokens
     ("linear_wgrad", (4096, 1024, 1024), 13),  # 1024 rows over 4096 tokens: 128 tiles of 64x128

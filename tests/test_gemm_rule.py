@@ -71,7 +71,13 @@ RULE_CASES = {
     ("wgrad", 256, 1024, 4096): (11, 0, 0, False),  # the key/value wgrad over 4096 tokens
     ("wgrad", 256, 1024, 512): (12, 0, 0, False),  # 64x32 tiles over at most 1024 tokens
     ("wgrad", 768, 768, 512): (11, 0, 0, False),
-    ("wgrad", 768, 768, 4096): (2, 0, 3, False),  # 72 tiles of 128x64: split-K stays
+    # v0.29: 64x128 ping-pong tiles filling 7/16 to one wave replace split-K for outputs of at
+    # least 512 x 768 over 1024-8192 tokens (768 x 768 over 4096: 0.86 vs 0.60 of cuBLAS)
+    ("wgrad", 768, 768, 4096): (13, 2, 0, False),  # 72 tiles of 64x128
+    ("wgrad", 512, 1024, 4096): (13, 2, 0, False),  # 64 tiles
+    ("wgrad", 1024, 768, 2048): (13, 2, 0, False),
+    ("wgrad", 768, 768, 16384): (2, 0, 3, False),  # beyond 8192 tokens: not measured, split-K
+    ("wgrad", 3072, 256, 4096): (2, 0, 2, False),  # narrower than 768: not measured, split-K
     ("wgrad", 256, 1024, 16384): (2, 0, 4, False),  # beyond 8192 tokens: not measured, split-K
     # the 128x192 tile (v0.10)
     ("wgrad", 1024, 2816, 4096): (10, 0, 0, False),  # 120 tiles: 91% of one wave

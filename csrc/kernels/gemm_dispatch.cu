@@ -199,6 +199,20 @@ bool tile64x128_fills_one_wave(const GemmParams& p, int64_t sms) {
          tiles * 20 >= sms * 17;
 }
 
+// Whether the weight gradient of a small output (at least 512 x 768) over 1024-8192 tokens runs
+// on config 13's 64x128 tiles although they fill only part of a wave (7/16 of it up to all of
+// it), with the input dtype out, in place of the 128x128 split-K / stream-K tiles (v0.29,
+// isolated, of cuBLAS: 768 x 768 over 4096 tokens 0.86 vs 0.60, 512 x 1024 0.84 vs 0.55, 512 x
+// 2048 1.08 vs 0.81, 1024 x 768 1.00 vs 0.72, 768 x 768 over 8192 tokens 0.87 vs 0.82: 64-128
+// tiles; with 32 tiles, 256 x 1024, the 64x64 tiles of config 11 stay ahead, 13.4 vs 16.1 us).
+// Narrower, shorter or longer problems were not measured and keep split-K.
+bool tile64x128_takes_small_wgrad(const GemmParams& p, int64_t sms) {
+  const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
+  const int64_t tiles = scheduled_tiles(ceil_div(p.m, 64), ceil_div(p.n, 128), 1, 1, 1);
+  return wgrad_layout && p.dtype_cd == p.dtype_ab && p.m >= 512 && p.n >= 768 && p.k >= 1024 &&
+         p.k <= 8192 && tiles <= sms && tiles * 16 >= sms * 7;
+}
+
 // Whether config 14 (256x128 tiles, 1x2 cluster: the tile cuBLAS runs at these shapes) takes a
 // mid-size problem: at least 1024 x 1024 with K >= 256, the input dtype out, and at most one
 // wave of its tiles with K <= 4096, or at most four waves with K <= 1024. With a swizzle of 2.
@@ -249,7 +263,7 @@ Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = 
                      : kSmallWgradConfig;
       return c;
     }
-    if (tile64x128_fills_one_wave(p, sms)) {
+    if (tile64x128_fills_one_wave(p, sms) || tile64x128_takes_small_wgrad(p, sms)) {
       c.config = kTile64x128Config;
       c.swizzle = swizzle_adds_wave(ceil_div(p.m, 64), ceil_div(p.n, 128), 1, 1, 2, sms) ? 1 : 2;
       return c;
@@ -437,6 +451,8 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     warpgroup instead of the 128x64 cooperative tile's 64x64), at the same places, its one-wave
 //     test counting 64x128 tiles (1024 x 1024 wgrad over 4096 tokens 0.99 vs 0.79, 16384 tokens
 //     0.96 vs 0.77, 4096 x 256 x 1024 forward 1.01 vs 0.90);
+//   * v0.29: config 13 also for the weight gradient of 7/16 to one wave of its tiles over K >=
+//     1024 tokens, in place of split-K / stream-K (768 x 768 over 4096 tokens 0.86 vs 0.60);
 //   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent): the tile cuBLAS
 //     picks most at these shapes (its nvjet 256x128 1x2 kernels, results/cublas_kernels_*),
 //     with a scheduler swizzle of 2 from 48 tiles along the grid's shorter side (v0.10:
