@@ -477,7 +477,7 @@ TRANSFORMER_RULE_CASES = [
     ("linear", (512, 1024, 1024), 6),  # few tiles: transposed, token tile narrowed to fill SMs
     ("linear", (512, 2304, 768), 7),
     ("linear", (4096, 256, 1024), 13),  # a grouped-query key/value projection: 128 tiles of 64x128
-    ("linear", (2048, 256, 1024), 6),  # 64 tiles of 128x64: transposed
+    ("linear", (2048, 256, 1024), 6),  # 64 tiles of 64x128: transposed
     ("linear", (4096, 128, 8192), 6),
     ("linear", (512, 4096, 11008), 2),  # 128-row token tiles over a long K: stays row-major
     ("linear_dgrad", (512, 3072, 768), 6),  # dgrad GEMM 512 x 768 x 3072, transposed ("tt")

@@ -65,7 +65,7 @@ def plan(harness: Path, op: str, m: int, n: int, k: int, *, out_f32=False, fused
 RULE_CASES = {
     # the transposed small-M / few-tile problem (v0.4 / v0.8)
     ("fwd", 512, 1024, 1024): (6, 0, 0, True),
-    ("fwd", 2048, 256, 1024): (6, 0, 0, True),  # 64 tiles of 128x64: under a wave, transposed
+    ("fwd", 2048, 256, 1024): (6, 0, 0, True),  # 64 tiles of 64x128: under a wave, transposed
     ("fwd", 4096, 768, 256): (7, 0, 0, True),  # K <= 256: the 128x192 tile does not replace it
     # small weight gradients (v0.10): whole-K 64-row ping-pong tiles
     ("wgrad", 256, 1024, 4096): (11, 0, 0, False),  # the key/value wgrad over 4096 tokens
@@ -78,6 +78,25 @@ RULE_CASES = {
     ("wgrad", 1024, 768, 2048): (13, 2, 0, False),
     ("wgrad", 768, 768, 16384): (2, 0, 3, False),  # beyond 8192 tokens: not measured, split-K
     ("wgrad", 3072, 256, 4096): (2, 0, 2, False),  # narrower than 768: not measured, split-K
+    # the clause's bounds (132 SMs): 58-132 tiles of 64x128, m >= 512, n >= 768, 1025-8192 tokens
+    ("wgrad", 448, 1280, 4096): (2, 0, 3, False),  # 70 tiles, but m < 512
+    ("wgrad", 1024, 640, 4096): (2, 0, 3, False),  # 80 tiles, but n < 768
+    ("wgrad", 512, 896, 4096): (2, 0, 4, False),  # 56 tiles: under 7/16 of a wave
+    ("wgrad", 640, 768, 4096): (13, 2, 0, False),  # 60 tiles
+    ("wgrad", 576, 768, 4096): (2, 0, 4, False),  # 54 tiles of 64x128 (60 of 128x64)
+    ("wgrad", 512, 2048, 4096): (13, 2, 0, False),  # 128 tiles
+    ("wgrad", 512, 2176, 4096): (2, 0, 0, False),  # 136 tiles: more than a wave
+    ("wgrad", 576, 1664, 4096): (13, 1, 0, False),  # 9 x 13; a swizzle of 2 walks 10 x 14 = 140
+    ("wgrad", 768, 768, 8192): (13, 2, 0, False),
+    ("wgrad", 768, 768, 8256): (2, 0, 3, False),  # beyond 8192 tokens
+    ("wgrad", 768, 768, 1088): (13, 2, 0, False),  # over exactly 1024 tokens config 11 comes first
+    ("wgrad", 768, 768, 1024): (11, 0, 0, False),
+    ("fwd", 768, 768, 4096): (2, 0, 3, False),  # not the weight gradient's layout
+    ("dgrad", 768, 768, 4096): (2, 0, 3, False),
+    # v0.28's one-wave test counts 64x128 tiles: sizes that are not multiples of 128 count
+    # differently from v0.22's 128x64 tiles with a 1x2 cluster
+    ("fwd", 1344, 704, 1024): (13, 2, 0, False),
+    ("fwd", 2112, 512, 4096): (13, 1, 0, False),  # 33 x 4 = 132 tiles (17 x 8 = 136 of 128x64)
     ("wgrad", 256, 1024, 16384): (2, 0, 4, False),  # beyond 8192 tokens: not measured, split-K
     # the 128x192 tile (v0.10)
     ("wgrad", 1024, 2816, 4096): (10, 0, 0, False),  # 120 tiles: 91% of one wave
@@ -199,10 +218,15 @@ def test_float32_output_weight_gradient_keeps_ping_pong(harness):
 
 
 def test_float32_output_never_gets_the_16bit_only_configurations(harness):
-    # configurations 10-12 have kernels with the input dtype out only
-    for m, n, k in [(256, 1024, 4096), (256, 1024, 512), (1024, 2816, 4096), (3072, 768, 512)]:
+    # configurations 10-14 have kernels with the input dtype out only
+    for m, n, k in [(256, 1024, 4096), (256, 1024, 512), (1024, 2816, 4096), (3072, 768, 512),
+                    (768, 768, 4096), (1024, 1024, 4096), (3072, 1024, 4096)]:
         got = plan(harness, "wgrad", m, n, k, out_f32=True)
-        assert got.config not in (10, 11, 12) and "bf16_f32_nt" in got.kernel, (m, n, k, got)
+        assert got.config not in (10, 11, 12, 13, 14) and "bf16_f32_nt" in got.kernel, (m, n, k, got)
+    # v0.29's clause (config 13 for 768 x 768 over 4096 tokens) is for 16-bit outputs: a float32
+    # one keeps the split-K it had
+    got = plan(harness, "wgrad", 768, 768, 4096, out_f32=True)
+    assert (got.config, got.swizzle, got.splits) == (2, 0, 3), got
 
 
 def test_forced_configuration_runs_without_the_rules_swizzle(harness):

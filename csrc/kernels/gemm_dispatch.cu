@@ -201,7 +201,8 @@ bool tile64x128_fills_one_wave(const GemmParams& p, int64_t sms) {
 
 // Whether the weight gradient of a small output (at least 512 x 768) over 1024-8192 tokens runs
 // on config 13's 64x128 tiles although they fill only part of a wave (7/16 of it up to all of
-// it), with the input dtype out, in place of the 128x128 split-K / stream-K tiles (v0.29,
+// it), with the input dtype out, in place of the 128x128 split-K / stream-K tiles (over exactly
+// 1024 tokens the rule's small-wgrad clause, configs 11 / 12, takes these shapes first; v0.29,
 // isolated, of cuBLAS: 768 x 768 over 4096 tokens 0.86 vs 0.60, 512 x 1024 0.84 vs 0.55, 512 x
 // 2048 1.08 vs 0.81, 1024 x 768 1.00 vs 0.72, 768 x 768 over 8192 tokens 0.87 vs 0.82: 64-128
 // tiles; with 32 tiles, 256 x 1024, the 64x64 tiles of config 11 stay ahead, 13.4 vs 16.1 us).
@@ -398,7 +399,7 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     gradient of a small layer, or an operand the transposed kernels cannot read): config 2,
 //     128x128 tiles, with K split into 2-4 slices of at least 1024 where the tiles fill under
 //     half the SMs (768x768 over 4096 tokens: 0.65 with 3 slices vs 0.57 with the scheduler's
-//     stream-K), else the scheduler's stream-K split;
+//     stream-K; config 13 there from v0.29), else the scheduler's stream-K split;
 //   * a short K (<= 256: wgrad over a few tokens): the output write dominates. Config 0's
 //     128x256 tile (0.80-0.83 vs 0.73-0.75 for ping-pong), with a wider epilogue tile where
 //     compiled (the wgrad layout, 16-bit out): 128x128 for K <= 128 (config 9: 16x8192x8192
@@ -451,8 +452,9 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     warpgroup instead of the 128x64 cooperative tile's 64x64), at the same places, its one-wave
 //     test counting 64x128 tiles (1024 x 1024 wgrad over 4096 tokens 0.99 vs 0.79, 16384 tokens
 //     0.96 vs 0.77, 4096 x 256 x 1024 forward 1.01 vs 0.90);
-//   * v0.29: config 13 also for the weight gradient of 7/16 to one wave of its tiles over K >=
-//     1024 tokens, in place of split-K / stream-K (768 x 768 over 4096 tokens 0.86 vs 0.60);
+//   * v0.29: config 13 also for the 16-bit weight gradient of an output of at least 512 x 768
+//     whose 64x128 tiles fill 7/16 to one wave, over 1025-8192 tokens, in place of split-K /
+//     stream-K (768 x 768 over 4096 tokens 0.86 vs 0.60);
 //   * otherwise config 0 (128x256, 2x1 cluster, cooperative, persistent): the tile cuBLAS
 //     picks most at these shapes (its nvjet 256x128 1x2 kernels, results/cublas_kernels_*),
 //     with a scheduler swizzle of 2 from 48 tiles along the grid's shorter side (v0.10:

@@ -171,7 +171,7 @@ template <> struct Sm90TileConfig<12> : Sm90SmallWgradTileConfig<32> {};
 // 128x64 tile with a 1x2 cluster, which splits the tile into one 64x64 WGMMA per warpgroup: a
 // 64x64x16 WGMMA reads 4 KiB of shared memory per 32 clocks at full tensor rate, all that the
 // SM's shared memory delivers, and that tile ran 0.79 of cuBLAS there against this one's 0.99
-// (benchmarks/NOTES.md v0.28; with a 2x1 cluster the same tile ran 0.78). 32 KiB per stage.
+// (benchmarks/NOTES.md v0.28; with a 2x1 cluster the same tile ran 0.78). 24 KiB per stage.
 template <>
 struct Sm90TileConfig<13> {
   using TileShape = cute::Shape<cute::_64, cute::_128, cute::_64>;
