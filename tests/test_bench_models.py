@@ -4,6 +4,7 @@ stock vs converted training steps, loss agreement, targets, tables, JSON combine
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -310,3 +311,32 @@ def test_vocab_option_reaches_every_row(monkeypatch, tmp_path):
     assert bench_models.main(common) == 0
     assert seen == [("host", 32000, 1024), ("gpu", 32000, 4096)]
     assert bench_models.MODEL_SIZES["host"].vocab == 32000  # the defaults are not mutated
+
+
+def test_memory_reading_collects_garbage_first(monkeypatch):
+    """A block held only by a reference cycle (garbage a side left behind) is freed before memory
+    is read, not by whichever later collection happens to run inside the next side's window."""
+    live = {"bytes": 0}
+
+    class Block:
+        def __init__(self, size):
+            self.size = size
+            live["bytes"] += size
+
+        def __del__(self):
+            live["bytes"] -= self.size
+
+    monkeypatch.setattr(bench_models, "_allocated_now", lambda device: live["bytes"])
+    kept = Block(4096)
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection between making the garbage and the reading
+    try:
+        cycle = [Block(1 << 20)]
+        cycle.append(cycle)
+        del cycle
+        assert live["bytes"] == 4096 + (1 << 20)  # the cycle's block is still allocated
+        assert bench_models._memory_allocated("cpu") == 4096
+    finally:
+        if was_enabled:
+            gc.enable()
+    del kept

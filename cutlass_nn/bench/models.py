@@ -195,8 +195,23 @@ SIDE_CONTEXTS: dict[str, Callable[[], AbstractContextManager]] = {
 
 
 def _memory_allocated(device) -> int:
-    """Allocated memory with torch's cuBLAS workspaces (one per thread: ours, autograd's) present:
-    else the side whose call made (whose graph capture freed) them was charged (credited) them."""
+    """Allocated memory once unreachable objects are collected, with torch's cuBLAS workspaces
+    (one per thread: ours, autograd's) present: else the side whose call made (whose graph capture
+    freed) them was charged (credited) them.
+
+    Collecting first matters: garbage that a side leaves in reference cycles (autograd graphs,
+    the first step's profiler, compiled frames) holds GPU blocks until Python's cycle collector
+    happens to run. Read without collecting, a block allocated before one side's window and
+    freed by a collection inside it lowered that side's persistent memory by the block's size:
+    the +-1 MiB that moved between sides from row to row (NOTES v0.28, lead 5 of that session).
+    """
+    gc.collect()
+    return _allocated_now(device)
+
+
+def _allocated_now(device) -> int:
+    """``torch.cuda.memory_allocated()`` with the cuBLAS workspaces present (see
+    :func:`_memory_allocated`); 0 off CUDA."""
     if torch.device(device).type != "cuda":
         return 0
     a = torch.ones(16, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
