@@ -216,13 +216,6 @@ struct Sm90TileConfig<15> {
 // 16: TF32 matmuls (float32 matmul precision "high"): 128x256 tiles, 4 pipeline stages.
 template <>
 struct Sm90TileConfig<16> {
-  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_32>;
-  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-  using TileScheduler = cutlass::gemm::PersistentScheduler;
-};
-
 // 17: the 3xTF32 path of precision "highest" (operands split into TF32 parts by the binding,
 // split_tf32.h). Every product of TF32 parts is exact in fp32, but WGMMA's fp32 accumulation is
 // not IEEE round-to-nearest: one TF32 GEMM over the split operands measured 1.0e-5 relative error
