@@ -41,7 +41,7 @@ SWAPPED_CONFIGS = (4, 5, 6, 7)
 SHORT_K_CONFIGS = (8, 9)
 # The small-wgrad configurations (64-row ping-pong tiles): the wgrad layout, 16-bit outputs only.
 SMALL_WGRAD_CONFIGS = (11, 12)
-N_CONFIGS = 16
+N_CONFIGS = 15
 
 
 def _transposable(op: str) -> bool:

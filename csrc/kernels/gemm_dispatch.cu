@@ -103,8 +103,8 @@ bool valid_dtypes(DType ab, DType cd) {
 // The SM90 tile configuration of the fused-activation kernels (SM90_ACT_CONFIG of the generator).
 constexpr int kActConfig = 3;
 // The SM90 configurations of float32 operands: TF32, and the TF32 parts of a 3xTF32 split.
-constexpr int kTf32Config = 16;
-constexpr int kTf32SplitConfig = 17;
+constexpr int kTf32Config = 15;
+constexpr int kTf32SplitConfig = 16;
 // The short-K configurations (Sm90TileConfig<8, 9>: config 0 with a 128x64 / 128x128 epilogue
 // tile), compiled for the wgrad layout with the input dtype out only.
 constexpr int kShortKConfig = 8;
@@ -118,10 +118,6 @@ constexpr int kSmallWgradNarrowConfig = 12;
 // cluster (Sm90TileConfig<14>), compiled with the input dtype out only.
 constexpr int kTile64x128Config = 13;
 constexpr int kTile256x128Config = 14;
-// Configs 14 and 10 without a cluster (Sm90TileConfig<1>, Sm90TileConfig<15>; v0.30), compiled
-// with the input dtype out only.
-constexpr int kTile256x128NoClusterConfig = 1;
-constexpr int kTile192NoClusterConfig = 15;
 // The transposed configurations by token rows per tile (Sm90TileConfig<4..7>), narrowest first.
 struct SwappedTile {
   int64_t rows;
@@ -838,7 +834,7 @@ const char* gemm_status_string(GemmStatus status) {
 const char* sm90_config_name(int config) {
   switch (config) {
     case 0: return "128x256x64_2x1x1_coop";
-    case 1: return "256x128x64_1x1x1_coop";
+    case 1: return "128x256x64_2x1x1_coop_streamk";
     case 2: return "128x128x64_1x1x1_coop_streamk";
     case 3: return "128x128x64_1x2x1_pingpong";
     case 4: return "64x16x128_1x1x1_pingpong_swapab";
@@ -852,9 +848,8 @@ const char* sm90_config_name(int config) {
     case 12: return "64x32x128_1x1x1_pingpong";
     case 13: return "64x128x64_1x1x1_pingpong";
     case 14: return "256x128x64_1x2x1_coop";
-    case 15: return "128x192x64_1x1x1_coop";
-    case 16: return "128x256x32_2x1x1_coop";
-    case 17: return "128x128x32_2x1x1_coop_promoted";
+    case 15: return "128x256x32_2x1x1_coop";
+    case 16: return "128x128x32_2x1x1_coop_promoted";
   }
   return nullptr;
 }

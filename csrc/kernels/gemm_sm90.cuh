@@ -62,19 +62,15 @@ struct Sm90TileConfig<0> {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
-// 1: config 14's 256x128 cooperative tile without a cluster (until v0.30 this slot held config
-// 0 with the stream-K scheduler, which won no measured shape after v0.10). A 2-CTA cluster
-// multicasts the shared operand but couples the two CTAs' pipelines (a stage is refilled only
-// when both consumers have released it): on the 64x128 tile that coupling cost 20% at K = 1024
-// (config 13, NOTES v0.28), and config 14 runs the mid-size K = 1024 GEMMs of the host-size
-// models at 0.87-0.93 of cuBLAS. Measured against config 14 in NOTES v0.30.
+// 1: config 0 with the stream-K scheduler: the K loop of the last, partial wave is split
+// across the idle SMs (fixes wave quantization when the tile count is not a multiple of SMs).
 template <>
 struct Sm90TileConfig<1> {
-  using TileShape = cute::Shape<cute::_256, cute::_128, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-  using TileScheduler = cutlass::gemm::PersistentScheduler;
+  using TileScheduler = StreamKScheduler;  // stream_k_scheduler.cuh
 };
 
 // 2: 128x128 tile, no cluster, stream-K: for few output tiles (decode-like small M, or small
@@ -198,25 +194,19 @@ struct Sm90TileConfig<14> {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
-// 15: config 10's 128x192 cooperative tile without a cluster: the tile cuBLAS runs on the
-// weight gradient of a 2816 x 1024 layer over 4096 tokens (22 x 6 = 132 tiles, one wave), where
-// config 10 (2x1 cluster) ran at 0.53-0.65 of cuBLAS at N = 1024 in every layout (NOTES v0.23)
-// and the rule's stream-K at 0.87. Measured in NOTES v0.30.
+// 15 and 16 (apart from the 16-bit configurations, which the sweep enumerates): float32 operands
+// on TF32 tensor cores, K-major A and B (the "tn" layout) only, 32-deep k-blocks.
+// 15: TF32 matmuls (float32 matmul precision "high"): 128x256 tiles, 4 pipeline stages.
 template <>
 struct Sm90TileConfig<15> {
-  using TileShape = cute::Shape<cute::_128, cute::_192, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_32>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
-// 16 and 17 (apart from the 16-bit configurations, which the sweep enumerates): float32 operands
-// on TF32 tensor cores, K-major A and B (the "tn" layout) only, 32-deep k-blocks.
-// 16: TF32 matmuls (float32 matmul precision "high"): 128x256 tiles, 4 pipeline stages.
-template <>
-struct Sm90TileConfig<16> {
-// 17: the 3xTF32 path of precision "highest" (operands split into TF32 parts by the binding,
+// 16: the 3xTF32 path of precision "highest" (operands split into TF32 parts by the binding,
 // split_tf32.h). Every product of TF32 parts is exact in fp32, but WGMMA's fp32 accumulation is
 // not IEEE round-to-nearest: one TF32 GEMM over the split operands measured 1.0e-5 relative error
 // against cuBLAS fp32's 2.2e-7 (4096^3, H200), its results biased toward zero. So the WGMMA
@@ -229,7 +219,7 @@ struct Sm90TileConfig<16> {
 // 11.5 ms, error 6.6e-7; every second one (8 MMAs) 11.1 ms, 5.0e-7; every fourth (16 MMAs,
 // 128-deep partial sums) is the setting.
 template <>
-struct Sm90TileConfig<17> {
+struct Sm90TileConfig<16> {
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_32>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -571,9 +561,9 @@ struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Con
   using Op = Sm90Gemm<detail::element_t<AB>, detail::element_t<CD>, detail::layout_t<LA>,
                       detail::layout_t<LB>, Sm90TileConfig<Config>, Epi, Act>;
   static_assert(Align == Op::kAlignmentAB, "SM90 kernels use 16-byte alignment");
-  static_assert(AB != DType::kFloat32 || ((Config == 16 || Config == 17) &&
+  static_assert(AB != DType::kFloat32 || ((Config == 15 || Config == 16) &&
                                           LA == Layout::kRowMajor && LB == Layout::kColumnMajor),
-                "float32 (TF32) SM90 kernels: config 16 or 17, K-major A and B (tn) only");
+                "float32 (TF32) SM90 kernels: config 15 or 16, K-major A and B (tn) only");
   static_assert((Epi == EpilogueKind::kLinCombColMajorD) == (Config >= 4 && Config <= 7),
                 "configs 4-7 (and only they) run the transposed small-M problem");
 
