@@ -43,10 +43,22 @@ def test_layer_equals_reference(recipe, bias, dtype):
     x2 = x.detach().clone().requires_grad_()
     y2 = Fp8LinearReference.apply(x2, w, b, recipe)
     y2.backward(g)
-    assert torch.equal(y, y2)
-    assert torch.equal(grads[0], x2.grad) and torch.equal(grads[1], w.grad)
+    same = _same_up_to_fp32_summation_order
+    assert same(y, y2)
+    assert same(grads[0], x2.grad) and same(grads[1], w.grad)
     if bias:
-        assert torch.equal(grads[2], b.grad)
+        assert same(grads[2], b.grad)
+
+
+def _same_up_to_fp32_summation_order(a, b):
+    """Bitwise for 16-bit results. A float32 result keeps the float32 matmul's last bits, which
+    depend on the operands' memory layout (the layer's ATen path and the reference multiply the
+    same dequantized values with differently strided operands; with torch 2.13.0's CPU build the
+    input gradient differed by 2.4e-7): a few ulps allowed, far below any scale or
+    quantization error (an e4m3 step is 6% of the value)."""
+    if a.dtype != torch.float32:
+        return torch.equal(a, b)
+    return torch.allclose(a, b, rtol=4e-6, atol=1e-6)
 
 
 def test_only_the_needed_gradients():

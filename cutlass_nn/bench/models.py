@@ -32,9 +32,8 @@ optimizer state, compiled graphs' memory; torch's cuBLAS workspaces excluded) + 
 of the allocator's peak during one of its blocks. Reported: step time, tokens/s, ratio (stock /
 converted step time: > 1, converted faster), peak memory and its ratio (converted / stock), host
 time to enqueue a step, the largest loss difference (at most ``LOSS_RTOL`` of the stock loss:
-agreement). ``--liger`` and ``--torchao``
-add a third side, another project's speed-up of the same stock model
-(:mod:`cutlass_nn.bench.peers`). ``--pdl-ab`` adds the converted model with programmatic
+agreement). ``--liger`` and ``--torchao`` add a third side, another project's speed-up of the
+same stock model (:mod:`cutlass_nn.bench.peers`). ``--pdl-ab`` adds the converted model with programmatic
 dependent launch off around all its steps (``pdl_speedup``: its step time / the converted one's).
 """
 
@@ -195,23 +194,14 @@ SIDE_CONTEXTS: dict[str, Callable[[], AbstractContextManager]] = {
 
 
 def _memory_allocated(device) -> int:
-    """Allocated memory once unreachable objects are collected, with torch's cuBLAS workspaces
-    (one per thread: ours, autograd's) present: else the side whose call made (whose graph capture
-    freed) them was charged (credited) them.
-
-    Collecting first matters: garbage that a side leaves in reference cycles (autograd graphs,
-    the first step's profiler, compiled frames) holds GPU blocks until Python's cycle collector
-    happens to run. Read without collecting, a block allocated before one side's window and
-    freed by a collection inside it lowered that side's persistent memory by the block's size:
-    the +-1 MiB that moved between sides from row to row (NOTES v0.28, lead 5 of that session).
-    """
+    """Allocated memory, read after freeing cyclic garbage (else a later side is credited it)."""
     gc.collect()
     return _allocated_now(device)
 
 
 def _allocated_now(device) -> int:
-    """``torch.cuda.memory_allocated()`` with the cuBLAS workspaces present (see
-    :func:`_memory_allocated`); 0 off CUDA."""
+    """Allocated memory with torch's cuBLAS workspaces (one per thread: ours, autograd's) present,
+    so that no side is charged (credited) the call that makes (graph capture that frees) them."""
     if torch.device(device).type != "cuda":
         return 0
     a = torch.ones(16, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
@@ -338,9 +328,8 @@ def convert_side(
     fuse_head: bool = False,
     example_inputs: dict[str, torch.Tensor] | None = None,
 ) -> nn.Module:
-    """The converted side of a row: ``cutlass_nn.convert`` with the benchmark's options (the FP8
-    arguments of :func:`cutlass_nn.bench.fp8.convert_args`; the head fused only where
-    ``fused_head.can_fuse_lm_head`` takes the model)."""
+    """The converted side of a row: ``cutlass_nn.convert`` with the benchmark's options (FP8 ones
+    from :func:`cutlass_nn.bench.fp8.convert_args`; the head fused where ``can_fuse_lm_head``)."""
     fp8_args = {} if fp8 is None else bench_fp8.convert_args(fp8)
     return cutlass_nn.convert(model, example_inputs=example_inputs, fuse_norm=fuse_norm,
                               fuse_mlp=fuse_mlp, fuse_rope=fuse_rope, **fp8_args,
@@ -366,8 +355,7 @@ def run_row(
     torchao: bool = False,
     pdl_ab: bool = False,
 ) -> dict[str, Any]:
-    """Stock, then converted, on the same initial weights and batches; never raises (an
-    exception is recorded as status "error")."""
+    """Stock, then converted, on the same weights and batches; never raises (status "error")."""
     size = sizes[spec.size]
     row: dict[str, Any] = {
         "family": spec.family, "size": spec.size, "mode": spec.mode, "label": spec.label,
@@ -452,9 +440,8 @@ def run_row(
 
 
 def targets(rows: Sequence[dict]) -> dict[str, Any]:
-    """This issue's targets: every host-bound row's ratio >= 1.00 (eager and compiled), every
-    row's peak memory <= 1.00x stock, losses in agreement (the GPU-bound rows' speed is the next
-    issue's)."""
+    """This issue's targets: host-bound rows' ratio >= 1.00, every row's peak memory <= 1.00x
+    stock, losses in agreement (the GPU-bound rows' speed is the next issue's)."""
     ok = [r for r in rows if r.get("status") == "ok"]
     host = [r for r in ok if r["size"] == "host"]
     mem = [r["memory_ratio"] for r in ok if r.get("memory_ratio") is not None]
