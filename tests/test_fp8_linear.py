@@ -1,9 +1,9 @@
 """FP8 linear layers on the CPU (the ATen path of fp8_scaled_mm): cutlass_nn.fp8.linear and
-CutlassLinear(precision="fp8") equal cutlass_nn.fp8_reference's Fp8LinearReference bitwise, for
-both recipes and gradient formats, 3-d inputs, with and without bias, partial needs; the state_dict
-is nn.Linear's; convert(precision="fp8") applies the size rule and reports it; autocast gives the
-autocast dtype; torch.compile (fullgraph) traces it; bad arguments fail by name before anything
-changes."""
+CutlassLinear(precision="fp8") equal cutlass_nn.fp8_reference's Fp8LinearReference (bitwise in
+16-bit, to float32 summation order in float32), for both recipes and gradient formats, 3-d
+inputs, with and without bias, partial needs; the state_dict is nn.Linear's;
+convert(precision="fp8") applies the size rule and reports it; autocast gives the autocast dtype;
+torch.compile (fullgraph) traces it; bad arguments fail by name before anything changes."""
 
 from __future__ import annotations
 

@@ -28,13 +28,14 @@ synchronization inside a block (the losses are read after it), the sides alterna
 block (and which goes first each round), so that drift of the host's speed reaches both alike;
 both step through the same batches. Step time = the median over a side's blocks of block wall
 time / steps. Peak memory of a side = what it keeps allocated after its warm-up (parameters,
-optimizer state, compiled graphs' memory; torch's cuBLAS workspaces excluded) + the largest rise
-of the allocator's peak during one of its blocks. Reported: step time, tokens/s, ratio (stock /
-converted step time: > 1, converted faster), peak memory and its ratio (converted / stock), host
-time to enqueue a step, the largest loss difference (at most ``LOSS_RTOL`` of the stock loss:
-agreement). ``--liger`` and ``--torchao`` add a third side, another project's speed-up of the
-same stock model (:mod:`cutlass_nn.bench.peers`). ``--pdl-ab`` adds the converted model with programmatic
-dependent launch off around all its steps (``pdl_speedup``: its step time / the converted one's).
+optimizer state, compiled graphs' memory; torch's cuBLAS workspaces excluded; read after a garbage
+collection) + the largest rise of the allocator's peak during one of its blocks. Reported: step
+time, tokens/s, ratio (stock / converted step time: > 1, converted faster), peak memory and its
+ratio (converted / stock), host time to enqueue a step, the largest loss difference (at most
+``LOSS_RTOL`` of the stock loss: agreement). ``--liger`` and ``--torchao`` add a third side,
+another project's speed-up of the same stock model (:mod:`cutlass_nn.bench.peers`). ``--pdl-ab``
+adds the converted model with programmatic dependent launch off around all its steps
+(``pdl_speedup``: its step time / the converted one's).
 """
 
 from __future__ import annotations
@@ -200,8 +201,7 @@ def _memory_allocated(device) -> int:
 
 
 def _allocated_now(device) -> int:
-    """Allocated memory with torch's cuBLAS workspaces (one per thread: ours, autograd's) present,
-    so that no side is charged (credited) the call that makes (graph capture that frees) them."""
+    """Allocated memory with torch's per-thread cuBLAS workspaces present (charged to no side)."""
     if torch.device(device).type != "cuda":
         return 0
     a = torch.ones(16, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
