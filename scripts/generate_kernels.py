@@ -50,7 +50,7 @@ FAMILY_PRIORITY = {"kSm90TmaWs": 0, "kSm80TensorOp": 1, "kSm80Simt": 2, "kFallba
 # Index = KernelTag Config = Sm90TileConfig<N> in csrc/kernels/gemm_sm90.cuh (keep in sync).
 SM90_CONFIG_NAMES = {
     0: "128x256x64_2x1x1_coop",
-    1: "128x256x64_2x1x1_coop_streamk",
+    1: "128x192x64_1x1x1_coop",  # config 10 without a cluster (v0.30)
     2: "128x128x64_1x1x1_coop_streamk",
     3: "128x128x64_1x2x1_pingpong",
     # 4-7: the transposed problem of a small M, 16 / 32 / 64 / 128 token rows per tile
@@ -71,10 +71,10 @@ SM90_CONFIG_NAMES = {
     16: "128x128x32_2x1x1_coop_promoted",  # the 3xTF32 parts of float32 "highest" only
 }
 # The configurations of the 16-bit kernels (the sweep's and the rule's choices): row-major D...
-SM90_16BIT_CONFIGS = (0, 1, 2, 3)
+SM90_16BIT_CONFIGS = (0, 2, 3)
 # ... configurations compiled for the input dtype out only (no fp32-out wgrad kernel: an fp32
 # weight gradient takes the rule's row-major fallback) ...
-SM90_16BIT_OUT_CONFIGS = (10, 13, 14)
+SM90_16BIT_OUT_CONFIGS = (1, 10, 13, 14)
 # ... and those of the weight gradient of a small layer ("nt", the input dtype out).
 SM90_SMALL_WGRAD_CONFIGS = (11, 12)
 # ... and those of the transposed small-M problem (column-major D^T; forward and dgrad turn

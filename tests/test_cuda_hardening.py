@@ -65,7 +65,7 @@ PATHS = [
     Path("sm90_f16", torch.float16, (512, 1024, 768), hopper_only=True),
     Path("streamk", torch.bfloat16, (256, 512, 4096), config=2, hopper_only=True),
     Path("splitk3", torch.bfloat16, (256, 512, 4096), config=2, splits=3, hopper_only=True),
-    Path("splitk4_f16", torch.float16, (256, 512, 4096), config=1, splits=4, hopper_only=True),
+    Path("splitk4_f16", torch.float16, (256, 512, 4096), config=2, splits=4, hopper_only=True),
     Path("small_m_transposed", torch.bfloat16, (16, 2048, 1024), hopper_only=True),
     Path("fused_gelu", torch.bfloat16, (512, 1024, 768), activation="gelu", hopper_only=True),
     Path("tf32", torch.float32, (512, 1024, 768), tf32=True),
@@ -241,7 +241,7 @@ def test_empty_problems(dtype, gen):
 DETERMINISM_PATHS = PATHS + [
     Path("streamk_heuristic_long_k", torch.bfloat16, (128, 256, 16384), config=2,
          hopper_only=True),  # fmt: skip
-    Path("streamk_128x256_long_k", torch.bfloat16, (256, 512, 16384), config=1,
+    Path("streamk_split4_long_k", torch.bfloat16, (256, 512, 16384), config=2, splits=4,
          hopper_only=True),  # fmt: skip
 ]
 

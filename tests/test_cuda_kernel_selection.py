@@ -41,6 +41,9 @@ SWAPPED_CONFIGS = (4, 5, 6, 7)
 SHORT_K_CONFIGS = (8, 9)
 # The small-wgrad configurations (64-row ping-pong tiles): the wgrad layout, 16-bit outputs only.
 SMALL_WGRAD_CONFIGS = (11, 12)
+# The row-major configurations compiled with a float32 output too (the wgrad of an fp32 main
+# gradient); config 1 (v0.30) and 10, 13, 14 have 16-bit outputs only.
+FP32_OUT_CONFIGS = (0, 2, 3)
 N_CONFIGS = 15
 
 
@@ -108,9 +111,10 @@ def test_each_sm90_config(config, op, shape, dtype, gen):
     assert_unchanged(args, before, context)
 
 
-@pytest.mark.parametrize("config", range(4))
+@pytest.mark.parametrize("config", (*FP32_OUT_CONFIGS, 1))
 def test_each_sm90_config_fp32_accumulation(config, gen):
-    """The fp32-output wgrad kernels (an fp32 main gradient, beta = 1 with C == D)."""
+    """The fp32-output wgrad kernels (an fp32 main gradient, beta = 1 with C == D); a forced
+    configuration without one (config 1) runs the rule's fp32-output kernel instead."""
     needs_sm90()
     m, n, k = 300, 264, 136
     dy = make_matrix(m, n, torch.bfloat16, "contig", gen)
@@ -120,7 +124,8 @@ def test_each_sm90_config_fp32_accumulation(config, gen):
     with forced_config(config):
         ops.linear_wgrad_accumulate_(gw, dy, x)
         name = ops.last_kernel_name()
-    assert name.endswith(sm90_config_names()[config]) and "f32" in name, name
+    assert "f32" in name, name
+    assert name.endswith(sm90_config_names()[config]) == (config in FP32_OUT_CONFIGS), name
     ref64 = start.double() + dy.double().t() @ x.double()
     check_close(gw, start + torch.mm(dy.t().float(), x.float()), ref64, FLOOR_16BIT_INTO_F32,
                 f"config {config}")

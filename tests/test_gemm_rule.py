@@ -98,9 +98,19 @@ RULE_CASES = {
     ("fwd", 1344, 704, 1024): (13, 2, 0, False),
     ("fwd", 2112, 512, 4096): (13, 1, 0, False),  # 33 x 4 = 132 tiles (17 x 8 = 136 of 128x64)
     ("wgrad", 256, 1024, 16384): (2, 0, 4, False),  # beyond 8192 tokens: not measured, split-K
-    # the 128x192 tile (v0.10)
-    ("wgrad", 1024, 2816, 4096): (10, 0, 0, False),  # 120 tiles: 91% of one wave
-    ("wgrad", 2816, 1024, 4096): (2, 0, 0, False),  # taller than wide: stream-K stays
+    # the 128x192 tile (v0.10); without a cluster (config 1) for the weight gradient over
+    # 2048-4096 tokens (v0.30: 2816 x 1024 over 4096 tokens 0.976 vs 0.853 for stream-K)
+    ("wgrad", 1024, 2816, 4096): (1, 2, 0, False),  # 120 tiles: 91% of one wave
+    ("wgrad", 2816, 1024, 4096): (1, 2, 0, False),  # 132 tiles, taller than wide
+    ("wgrad", 2816, 1024, 2048): (1, 2, 0, False),
+    ("wgrad", 1024, 2816, 8192): (10, 0, 0, False),  # beyond 4096 tokens: as before v0.30
+    ("wgrad", 2816, 1024, 8192): (2, 0, 0, False),
+    ("wgrad", 2432, 1152, 4096): (1, 2, 0, False),  # 19 x 6 = 114 tiles (swizzle 2: 20 x 6)
+    ("wgrad", 2048, 1344, 4096): (2, 0, 0, False),  # 16 x 7 = 112 tiles: under 85% of a wave
+    ("wgrad", 1664, 1728, 4096): (1, 1, 0, False),  # 13 x 9 = 117; a swizzle of 2 walks 14 x 10
+    ("wgrad", 2304, 768, 4096): (2, 0, 0, False),  # 18 x 4 = 72 tiles (0.91 with stream-K)
+    ("fwd", 2816, 1024, 4096): (14, 2, 0, False),  # not the weight gradient's layout
+    ("dgrad", 2816, 1024, 4096): (14, 2, 0, False),
     ("fwd", 4096, 768, 3072): (10, 4, 0, False),  # in place of the transposed problem
     ("dgrad", 4096, 3584, 3584): (10, 0, 0, False),  # 5 waves of 192 vs 4 of 256
     ("fwd", 16384, 128, 8192): (10, 4, 0, False),
@@ -181,13 +191,14 @@ def _scheduled_tiles(rows, cols, cluster_m, cluster_n, swizzle):
 
 
 # the configurations the rule picks with a swizzle: tile (rows, cols), cluster (m, n)
-_CLUSTERED = {13: ((64, 128), (1, 1)), 14: ((256, 128), (1, 2)), 10: ((128, 192), (2, 1))}
+_CLUSTERED = {13: ((64, 128), (1, 1)), 14: ((256, 128), (1, 2)), 10: ((128, 192), (2, 1)),
+              1: ((128, 192), (1, 1))}
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad"])
 def test_rule_swizzle_never_adds_a_wave(harness, op):
-    """Over a grid of transformer-like shapes, whenever the rule gives configuration 10, 13 or
-    14 a swizzle, the tiles CUTLASS's scheduler then walks take no more waves of the SMs than
+    """Over a grid of transformer-like shapes, whenever the rule gives configuration 1, 10, 13
+    or 14 a swizzle, the tiles CUTLASS's scheduler then walks take no more waves of the SMs than
     with no swizzle (v0.24: 3328 x 1280 x 1024 ran two waves with a swizzle of 2, at 0.57 of
     cuBLAS, against 0.95 with one)."""
     checked = 0
@@ -218,11 +229,16 @@ def test_float32_output_weight_gradient_keeps_ping_pong(harness):
 
 
 def test_float32_output_never_gets_the_16bit_only_configurations(harness):
-    # configurations 10-14 have kernels with the input dtype out only
+    # configurations 1 and 10-14 have kernels with the input dtype out only
     for m, n, k in [(256, 1024, 4096), (256, 1024, 512), (1024, 2816, 4096), (3072, 768, 512),
-                    (768, 768, 4096), (1024, 1024, 4096), (3072, 1024, 4096)]:
+                    (768, 768, 4096), (1024, 1024, 4096), (3072, 1024, 4096), (2816, 1024, 4096)]:
         got = plan(harness, "wgrad", m, n, k, out_f32=True)
-        assert got.config not in (10, 11, 12, 13, 14) and "bf16_f32_nt" in got.kernel, (m, n, k, got)
+        assert got.config not in (1, 10, 11, 12, 13, 14) and "bf16_f32_nt" in got.kernel, (
+            m, n, k, got)
+    # v0.30's clause (config 1 for 2816 x 1024 over 4096 tokens) is for 16-bit outputs: a float32
+    # one keeps the stream-K it had
+    got = plan(harness, "wgrad", 2816, 1024, 4096, out_f32=True)
+    assert (got.config, got.swizzle, got.splits) == (2, 0, 0), got
     # v0.29's clause (config 13 for 768 x 768 over 4096 tokens) is for 16-bit outputs: a float32
     # one keeps the split-K it had
     got = plan(harness, "wgrad", 768, 768, 4096, out_f32=True)

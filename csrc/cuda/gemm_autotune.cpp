@@ -261,10 +261,10 @@ constexpr int kTimedRounds = 5;
 // The candidates: (config, swizzle, splits). The rule's own choice runs first (its result is
 // the reference the others are checked against); candidates whose plan resolves to one already
 // taken (a configuration without a kernel for this layout falls back to the rule) are skipped.
-constexpr std::array<std::array<int, 3>, 23> kCandidates = {{
+constexpr std::array<std::array<int, 3>, 20> kCandidates = {{
     {-1, 0, 0},                                    // the rule
     {0, 0, 0},                                     // 128x256, 2x1 cluster
-    {1, 0, 0}, {1, 0, 2}, {1, 0, 3}, {1, 0, 4},    // 128x256 stream-K / split-K
+    {1, 0, 0},                                     // 128x192, no cluster
     {2, 0, 0}, {2, 0, 1}, {2, 0, 2}, {2, 0, 3}, {2, 0, 4},  // 128x128 stream-K / DP / split-K
     {3, 0, 0},                                     // 128x128 ping-pong
     {4, 0, 0}, {5, 0, 0}, {6, 0, 0}, {7, 0, 0},    // transposed small-M tiles

@@ -118,6 +118,9 @@ constexpr int kSmallWgradNarrowConfig = 12;
 // cluster (Sm90TileConfig<14>), compiled with the input dtype out only.
 constexpr int kTile64x128Config = 13;
 constexpr int kTile256x128Config = 14;
+// Config 10's 128x192 tile without a cluster (Sm90TileConfig<1>, v0.30), compiled with the input
+// dtype out only.
+constexpr int kTile192NoClusterConfig = 1;
 // The transposed configurations by token rows per tile (Sm90TileConfig<4..7>), narrowest first.
 struct SwappedTile {
   int64_t rows;
@@ -185,6 +188,29 @@ Sm90Choice tile192_choice(const GemmParams& p, int64_t sms) {
 bool tile192_fills_one_wave(const GemmParams& p, int64_t sms) {
   const int64_t tiles192 = scheduled_tiles(ceil_div(p.m, 128), ceil_div(p.n, 192), 2, 1, 1);
   return tiles192 <= sms && tiles192 * 20 >= sms * 17;
+}
+
+// Whether the 16-bit weight gradient of a mid-size layer over 2048-4096 tokens runs on config 1's
+// 128x192 tiles without a cluster, with a swizzle of 2: where those tiles fill 85-100% of one wave
+// (v0.30, H100, 4096 tokens, isolated, of cuBLAS: the 2816 x 1024 weight gradient 0.976 vs 0.853
+// for the stream-K tile the rule took before and 0.524-0.755 for config 10's clustered 128x192
+// tile; 1024 x 2816 0.984 vs 0.961 for config 10: results/sweep_nvidia-h100-80gb-hbm3_20261127-
+// 235628.json; inside the compiled llama-host step the 2816 x 1024 one took 34.7 us vs 39.6, cuBLAS
+// 34.4: step_sweep_..._20261128-000604.json). Over more tokens config 10 lost to stream-K (1024 x
+// 2816 over 16384 tokens 0.73-0.75 vs 1.01) and this tile was not measured there.
+bool tile192_no_cluster_takes_wgrad(const GemmParams& p, int64_t sms) {
+  const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
+  const int64_t tiles = scheduled_tiles(ceil_div(p.m, 128), ceil_div(p.n, 192), 1, 1, 1);
+  return wgrad_layout && p.dtype_cd == p.dtype_ab && p.k >= 2048 && p.k <= 4096 && tiles <= sms &&
+         tiles * 20 >= sms * 17;
+}
+
+// Config 1 with a swizzle of 2, none where that would add a wave.
+Sm90Choice tile192_no_cluster_choice(const GemmParams& p, int64_t sms) {
+  Sm90Choice c;
+  c.config = kTile192NoClusterConfig;
+  c.swizzle = swizzle_adds_wave(ceil_div(p.m, 128), ceil_div(p.n, 192), 1, 1, 2, sms) ? 1 : 2;
+  return c;
 }
 
 // Whether a problem's 64x128 tiles (config 13) fill 85-100% of one wave of the SMs, for at least
@@ -289,11 +315,13 @@ Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = 
     return c;
   }
   // The weight gradient of a mid-size layer over many tokens (up to 1.4 waves of 128x128
-  // tiles, K >= 2048): stream-K, or 128x192 tiles where they fill 85-100% of one wave and the
-  // output is no taller than wide (1024 x 2816 over 4096 tokens: 0.96 vs 0.86; with fewer
-  // tiles, 2304 x 768, 0.70 vs 0.91; taller, 2816 x 1024, 0.72-0.77 vs 0.86-0.91, and over
+  // tiles, K >= 2048): stream-K, or 128x192 tiles where they fill 85-100% of one wave: without a
+  // cluster over 2048-4096 tokens (v0.30, tile192_no_cluster_takes_wgrad), else config 10's
+  // where the output is no taller than wide (1024 x 2816 over 4096 tokens: 0.96 vs 0.86; with
+  // fewer tiles, 2304 x 768, 0.70 vs 0.91; taller, 2816 x 1024, 0.72-0.77 vs 0.86-0.91, and over
   // 16384 tokens 0.73-0.75 vs 1.01: results/bench_nvidia-h100-80gb-hbm3_20261125-155457.json).
   if (wgrad_layout && tiles128 * 5 <= sms * 7 && p.k >= 2048) {
+    if (tile192_no_cluster_takes_wgrad(p, sms)) return tile192_no_cluster_choice(p, sms);
     if (same_dtype_out && p.m <= p.n && tile192_fills_one_wave(p, sms)) {
       return tile192_choice(p, sms);
     }
@@ -459,7 +487,11 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     picks most at these shapes (its nvjet 256x128 1x2 kernels, results/cublas_kernels_*),
 //     with a scheduler swizzle of 2 from 48 tiles along the grid's shorter side (v0.10:
 //     16384 x 18944 x 3584 forward 0.99 vs 0.87).
-// Config 1 (config 0 with stream-K) won no measured shape and is left to the sweep.
+//   * v0.30: config 1 (config 10's 128x192 tile without a cluster, in the slot of a 128x256
+//     stream-K tile that won no measured shape after v0.10), swizzle 2, for the 16-bit weight
+//     gradient over 2048-4096 tokens where its tiles fill 85-100% of one wave, ahead of the
+//     stream-K and config 10 choices there (the 2816 x 1024 wgrad over 4096 tokens 0.976 vs
+//     0.853, 1024 x 2816 0.984 vs 0.961; tile192_no_cluster_takes_wgrad).
 namespace {
 
 // The transposed configuration (4-7) for a problem under 3/4 of a wave of 128x256 tiles that no
@@ -834,7 +866,7 @@ const char* gemm_status_string(GemmStatus status) {
 const char* sm90_config_name(int config) {
   switch (config) {
     case 0: return "128x256x64_2x1x1_coop";
-    case 1: return "128x256x64_2x1x1_coop_streamk";
+    case 1: return "128x192x64_1x1x1_coop";
     case 2: return "128x128x64_1x1x1_coop_streamk";
     case 3: return "128x128x64_1x2x1_pingpong";
     case 4: return "64x16x128_1x1x1_pingpong_swapab";

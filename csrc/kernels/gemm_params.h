@@ -112,8 +112,9 @@ const char* gemm_status_string(GemmStatus status);
 
 // Number of SM90 tile configurations of the 16-bit kernels, and the name of one (nullptr past
 // the end); index = GemmParams::sm90_config. Configs 4-7 run the transposed problem (small M),
-// 8 and 9 are the short-K (wgrad) ones, 10 the 128x192 tile, 11 and 12 the small-wgrad ones,
-// 13 the 64x128 ping-pong tile, 14 the 256x128 tile with a 1x2 cluster; configs 15 (TF32) and
+// 8 and 9 are the short-K (wgrad) ones, 10 the 128x192 tile (1 the same without a cluster, v0.30;
+// a 128x256 stream-K tile before), 11 and 12 the small-wgrad ones, 13 the 64x128 ping-pong tile,
+// 14 the 256x128 tile with a 1x2 cluster; configs 15 (TF32) and
 // 16 (3xTF32 parts, promoted accumulation) are float32 only and not counted.
 constexpr int kSm90ConfigCount = 15;
 const char* sm90_config_name(int config);

@@ -5,7 +5,7 @@
 namespace cutlass_nn {
 namespace kernels {
 
-// sm90_tma_ws_f16_f16_tn_128x256x64_2x1x1_coop_streamk
+// sm90_tma_ws_f16_f16_tn_128x192x64_1x1x1_coop
 template GemmStatus launch<KernelTag<KernelFamily::kSm90TmaWs, DType::kFloat16, DType::kFloat16, Layout::kRowMajor, Layout::kColumnMajor, 8, 1, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 }  // namespace kernels
