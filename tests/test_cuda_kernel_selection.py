@@ -477,7 +477,8 @@ def test_stream_k_split_factors(op, splits, gen):
 # Config 6 / 7: the transposed problem with 64- / 128-row token tiles; 2: 128x128 stream-K /
 # split-K / data-parallel; 3: 128x128 ping-pong; 0: 128x256 cooperative; 10: 128x192
 # cooperative; 11 / 12: 64x64 / 64x32 ping-pong (small weight gradients); 13: 64x128 ping-pong
-# (v0.28; a 128x64 tile from v0.22); 14 (v0.22): 256x128 cooperative with a 1x2 cluster.
+# (v0.28; a 128x64 tile from v0.22); 14 (v0.22): 256x128 cooperative with a 1x2 cluster; 1
+# (v0.30): 128x192 cooperative without a cluster.
 TRANSFORMER_RULE_CASES = [
     ("linear", (512, 1024, 1024), 6),  # few tiles: transposed, token tile narrowed to fill SMs
     ("linear", (512, 2304, 768), 7),
@@ -493,8 +494,10 @@ TRANSFORMER_RULE_CASES = [
     ("linear", (4096, 1024, 1024), 14),  # 128 tiles of 256x128
     ("linear_dgrad", (4096, 256, 1024), 14),  # dgrad GEMM 4096 x 1024 x 256
     ("linear_wgrad", (4096, 3072, 1024), 14),  # 96 tiles of 256x128 over 4096 tokens
-    ("linear_wgrad", (4096, 1024, 2816), 10),  # 120 tiles of 128x192: 91% of a wave
-    ("linear_wgrad", (4096, 2816, 1024), 2),  # a taller output: stream-K stays
+    # 128x192 tiles without a cluster over 2048-4096 tokens (v0.30)
+    ("linear_wgrad", (4096, 1024, 2816), 1),  # 120 tiles of 128x192: 91% of a wave
+    ("linear_wgrad", (4096, 2816, 1024), 1),  # 132 tiles, a taller output
+    ("linear_wgrad", (8192, 2816, 1024), 2),  # over 8192 tokens: stream-K as before v0.30
     ("linear", (4096, 768, 3072), 10),  # 128 tiles of 128x192 in place of the transposed problem
     ("linear_dgrad", (4096, 3584, 3584), 10),  # 5 waves of 128x192 cost less than 4 of 128x256
     ("linear", (4096, 4096, 4096), 0),
