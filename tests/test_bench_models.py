@@ -239,6 +239,22 @@ def test_loss_comparison_and_targets():
     assert "MISS" in lines[0] and "MISS" in lines[1]
 
 
+def test_paired_ratio_spread_pairs_the_blocks_of_a_round():
+    """Per-round ratios stock / ours: drift that reaches both sides of a round cancels, and one
+    disturbed block widens the interquartile range without moving the median much."""
+    from cutlass_nn.bench.stats import paired_ratio_spread
+
+    stock = [8.0, 8.0, 6.0, 6.0, 6.0, 6.0, 6.0, 6.0]  # the host slows early in the run
+    ours = [8.0, 8.0, 6.0, 18.0, 6.0, 6.0, 6.0, 6.0]  # and one of our blocks is disturbed
+    s = paired_ratio_spread(stock, ours)
+    assert s["n"] == 8 and s["median"] == pytest.approx(1.0)
+    assert s["p25"] == pytest.approx(1.0) and s["p75"] == pytest.approx(1.0)
+    s = paired_ratio_spread([6.0, 6.0, 6.0, 6.0], [5.0, 6.0, 12.0, 4.0])
+    assert s["median"] == pytest.approx((1.0 + 1.2) / 2)
+    assert s["p25"] == pytest.approx(0.875) and s["p75"] == pytest.approx(1.275)
+    assert paired_ratio_spread([], [])["n"] == 0
+
+
 def test_table_combine_and_plot(tmp_path):
     rows = []
     for mode in ("eager", "compile"):
@@ -248,8 +264,17 @@ def test_table_combine_and_plot(tmp_path):
         rows.append(r)
     err = {"family": "bert", "size": "gpu", "mode": "eager", "label": "x", "status": "error",
            "note": "OutOfMemoryError: ..."}
+    for r in rows:  # one ratio per round, both sides' blocks of that round
+        assert r["block_ratio"]["n"] == 2
+        assert r["block_ratio"]["p25"] <= r["block_ratio"]["median"] <= r["block_ratio"]["p75"]
     table = bench_models.format_table(rows + [err])
     assert len(table) == 2 + 3 and "| gpt-host (h64) | compile |" in table[3] and "ERROR" in table[4]
+    b = rows[0]["block_ratio"]
+    assert f"| {b['p25']:.2f}-{b['p75']:.2f} |" in table[2]
+    assert all(line.count("|") == table[0].count("|") for line in table)
+    old_run = dict(rows[0])
+    del old_run["block_ratio"]  # a run recorded before the spread was kept
+    assert "| - |" in bench_models.format_table([old_run])[2]
     paths = []
     for i, part in enumerate((rows[:1], rows[1:] + [err])):
         p = tmp_path / f"models_part{i}.json"

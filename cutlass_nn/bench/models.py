@@ -27,7 +27,8 @@ not. Then ``--steps`` timed steps per side in blocks of ``--block`` back-to-back
 synchronization inside a block (the losses are read after it), the sides alternating block by
 block (and which goes first each round), so that drift of the host's speed reaches both alike;
 both step through the same batches. Step time = the median over a side's blocks of block wall
-time / steps. Peak memory of a side = what it keeps allocated after its warm-up (parameters,
+time / steps, and the ratio's spread: the interquartile range of the per-round ratios (the two
+sides' blocks of one round, adjacent in time). Peak memory of a side = what it keeps allocated after its warm-up (parameters,
 optimizer state, compiled graphs' memory; torch's cuBLAS workspaces excluded; read after a garbage
 collection) + the largest rise of the allocator's peak during one of its blocks. Reported: step
 time, tokens/s, ratio (stock / converted step time: > 1, converted faster), peak memory and its
@@ -58,13 +59,20 @@ from torch import nn
 
 import cutlass_nn
 from cutlass_nn.bench import fp8 as bench_fp8, peers
+from cutlass_nn.bench.models_report import (  # noqa: F401 (targets: part of this module's API)
+    LOSS_RTOL,
+    fmt_or_dash,
+    format_table,
+    format_targets,
+    plot,
+    ratio_spread_text,
+    targets,
+)
+from cutlass_nn.bench.stats import paired_ratio_spread
 
 FAMILIES = ("llama", "gpt", "bert")
 SIZES = ("host", "gpu")
 MODES = ("eager", "compile", "reduce-overhead")
-#: Losses agree when every timed step's |loss_converted - loss_stock| <= LOSS_RTOL * |loss_stock|
-#: (bfloat16 parameters: the two models round differently, and training drifts a little).
-LOSS_RTOL = 0.01
 
 
 @dataclass(frozen=True)
@@ -408,6 +416,7 @@ def run_row(
         row.update(sides)
         stock, ours = sides["stock"], sides["cutlass_nn"]
         row["ratio"] = stock["step_ms"] / ours["step_ms"]
+        row["block_ratio"] = paired_ratio_spread(stock["block_step_ms"], ours["block_step_ms"])
         tokens = row["tokens_per_step"]
         for side in sides.values():
             side["tokens_per_s"] = tokens / (side["step_ms"] / 1e3)
@@ -432,106 +441,6 @@ def run_row(
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
     return row
-
-
-# ---------------------------------------------------------------------------------------------
-# Summary, tables, plot
-# ---------------------------------------------------------------------------------------------
-
-
-def targets(rows: Sequence[dict]) -> dict[str, Any]:
-    """This issue's targets: host-bound rows' ratio >= 1.00, every row's peak memory <= 1.00x
-    stock, losses in agreement (the GPU-bound rows' speed is the next issue's)."""
-    ok = [r for r in rows if r.get("status") == "ok"]
-    host = [r for r in ok if r["size"] == "host"]
-    mem = [r["memory_ratio"] for r in ok if r.get("memory_ratio") is not None]
-    out = {
-        "host_bound_min_ratio": min((r["ratio"] for r in host), default=None),
-        "max_memory_ratio": max(mem, default=None),
-        "losses_agree": all(r["loss"]["agree"] for r in ok) if ok else None,
-        "gpu_bound_median_ratio": (
-            statistics.median([r["ratio"] for r in ok if r["size"] == "gpu"])
-            if any(r["size"] == "gpu" for r in ok)
-            else None
-        ),
-    }
-    out["host_bound_pass"] = out["host_bound_min_ratio"] is not None and out["host_bound_min_ratio"] >= 1.0
-    out["memory_pass"] = out["max_memory_ratio"] is not None and out["max_memory_ratio"] <= 1.0
-    return out
-
-
-def _f(x, spec=".2f") -> str:
-    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
-
-
-def format_table(rows: Sequence[dict]) -> list[str]:
-    """A markdown table, one line per row."""
-    lines = [
-        "| model | mode | stock step ms | cutlass_nn step ms | ratio | tokens/s (cutlass_nn) | "
-        "peak GiB stock / ours | memory ratio | host enqueue ms stock / ours | max loss diff |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        if r.get("status") != "ok":
-            lines.append(f"| {r['family']}-{r['size']} | {r['mode']} | {r['status'].upper()}: "
-                         f"{r.get('note', '')[:80]} | | | | | | | |")
-            continue
-        s, o = r["stock"], r["cutlass_nn"]
-        peak = (
-            f"{s['peak_bytes'] / 2**30:.2f} / {o['peak_bytes'] / 2**30:.2f}"
-            if "peak_bytes" in s
-            else "-"
-        )
-        lines.append(
-            f"| {r['family']}-{r['size']} (h{r['model']['hidden']}) | {r['mode']} | "
-            f"{s['step_ms']:.2f} | {o['step_ms']:.2f} | **{r['ratio']:.3f}** | "
-            f"{o['tokens_per_s']:,.0f} | {peak} | {_f(r.get('memory_ratio'), '.3f')} | "
-            f"{s['enqueue_ms']:.2f} / {o['enqueue_ms']:.2f} | "
-            f"{_f(r['loss']['max_abs_diff'], '.4f')}{'' if r['loss']['agree'] else ' (DISAGREE)'} |"
-        )
-    return lines
-
-
-def format_targets(t: dict) -> list[str]:
-    return [
-        f"host-bound rows: min ratio {_f(t['host_bound_min_ratio'], '.3f')} (target >= 1.00: "
-        f"{'PASS' if t['host_bound_pass'] else 'MISS'})",
-        f"peak memory: max ratio {_f(t['max_memory_ratio'], '.3f')} (target <= 1.00: "
-        f"{'PASS' if t['memory_pass'] else 'MISS'})",
-        f"losses agree (rel <= {LOSS_RTOL}): {t['losses_agree']}",
-        f"GPU-bound rows: median ratio {_f(t['gpu_bound_median_ratio'], '.3f')} (next issue's "
-        "target: every row >= 1.00, median >= 1.02)",
-    ]
-
-
-def plot(rows: Sequence[dict], path: Path, title: str) -> Path | None:
-    ok = [r for r in rows if r.get("status") == "ok"]
-    if not ok:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 0.45 * len(ok) + 2))
-    labels = [f"{r['family']}-{r['size']} {r['mode']}" for r in ok]
-    y = list(range(len(ok)))
-    ax1.barh(y, [r["ratio"] for r in ok], color=["tab:green" if r["ratio"] >= 1 else "tab:red" for r in ok])
-    ax1.axvline(1.0, color="k", lw=1)
-    ax1.set_yticks(y, labels)
-    ax1.invert_yaxis()
-    ax1.set_xlabel("step-time ratio (stock / cutlass_nn; > 1: cutlass_nn faster)")
-    mem = [r.get("memory_ratio") or 0 for r in ok]
-    ax2.barh(y, mem, color=["tab:green" if m <= 1 else "tab:red" for m in mem])
-    ax2.axvline(1.0, color="k", lw=1)
-    ax2.set_yticks(y, [])
-    ax2.invert_yaxis()
-    ax2.set_xlabel("peak memory ratio (cutlass_nn / stock; < 1: leaner)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -675,7 +584,8 @@ def main(argv: Sequence[str]) -> int:
         if row["status"] == "ok":
             print(f"[{i + 1}/{len(specs)} {time.monotonic() - t0:4.0f}s] {spec.label}: stock "
                   f"{row['stock']['step_ms']:.2f} ms, cutlass_nn {row['cutlass_nn']['step_ms']:.2f} ms, "
-                  f"ratio {row['ratio']:.3f}, memory {_f(row.get('memory_ratio'), '.3f')}, "
+                  f"ratio {row['ratio']:.3f} (rounds' IQR {ratio_spread_text(row)}), memory "
+                  f"{fmt_or_dash(row.get('memory_ratio'), '.3f')}, "
                   f"loss diff {row['loss']['max_abs_diff']:.4f}"
                   + (f"; PDL off {row[NO_PDL_SIDE]['step_ms']:.2f} ms (ratio "
                      f"{row['ratio_no_pdl']:.3f}), PDL speed-up {row['pdl_speedup']:.3f}"

@@ -30,6 +30,21 @@ def time_stats(ms: Sequence[float]) -> dict[str, float]:
     }
 
 
+def paired_ratio_spread(stock_ms: Sequence[float], ours_ms: Sequence[float]) -> dict[str, float]:
+    """Spread of the per-round ratios stock / ours of two sides timed in alternating blocks
+    (block i of each side ran in the same round, next to each other in time): their median,
+    25th and 75th percentiles and count. A row whose blocks are disturbed (a slow block on one
+    side: host jitter, a background compile) shows it as a wide interquartile range, which the
+    ratio of the two sides' medians alone hides."""
+    ratios = [s / o for s, o in zip(stock_ms, ours_ms) if o > 0 and math.isfinite(s / o)]
+    return {
+        "median": percentile(ratios, 50),
+        "p25": percentile(ratios, 25),
+        "p75": percentile(ratios, 75),
+        "n": len(ratios),
+    }
+
+
 def gemm_flops(op: str, m: int, n: int, k: int) -> int:
     """2*M*N*K per GEMM; forward+backward is 3 GEMMs (y, dX, dW), and so is a linact row (its
     ops name the baseline). Bias and activation work is not counted."""

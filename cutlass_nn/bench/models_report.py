@@ -1,0 +1,125 @@
+"""Summary of a ``--what models`` run (:mod:`cutlass_nn.bench.models`): the issue's targets,
+the markdown table and the plot. Pure functions of the result rows (no GPU, no model)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+#: Losses agree when every timed step's |loss_converted - loss_stock| <= LOSS_RTOL * |loss_stock|
+#: (bfloat16 parameters: the two models round differently, and training drifts a little).
+LOSS_RTOL = 0.01
+
+def targets(rows: Sequence[dict]) -> dict[str, Any]:
+    """This issue's targets: host-bound rows' ratio >= 1.00, every row's peak memory <= 1.00x
+    stock, losses in agreement (the GPU-bound rows' speed is the next issue's)."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    host = [r for r in ok if r["size"] == "host"]
+    mem = [r["memory_ratio"] for r in ok if r.get("memory_ratio") is not None]
+    out = {
+        "host_bound_min_ratio": min((r["ratio"] for r in host), default=None),
+        "max_memory_ratio": max(mem, default=None),
+        "losses_agree": all(r["loss"]["agree"] for r in ok) if ok else None,
+        "gpu_bound_median_ratio": (
+            statistics.median([r["ratio"] for r in ok if r["size"] == "gpu"])
+            if any(r["size"] == "gpu" for r in ok)
+            else None
+        ),
+    }
+    host_min, mem_max = out["host_bound_min_ratio"], out["max_memory_ratio"]
+    out["host_bound_pass"] = host_min is not None and host_min >= 1.0
+    out["memory_pass"] = mem_max is not None and mem_max <= 1.0
+    return out
+
+
+def fmt_or_dash(x, spec=".2f") -> str:
+    """``x`` formatted with ``spec``, or "-" for a missing or non-finite value."""
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def ratio_spread_text(row: dict) -> str:
+    """The interquartile range of a row's per-round ratios (``block_ratio``; absent in runs
+    recorded before 2026-11-28)."""
+    b = row.get("block_ratio")
+    return f"{b['p25']:.2f}-{b['p75']:.2f}" if b and b["n"] else "-"
+
+
+def format_table(rows: Sequence[dict]) -> list[str]:
+    """A markdown table, one line per row."""
+    lines = [
+        "| model | mode | stock step ms | cutlass_nn step ms | ratio | round ratios p25-p75 | "
+        "tokens/s (cutlass_nn) | peak GiB stock / ours | memory ratio | host enqueue ms stock / "
+        "ours | max loss diff |", "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['family']}-{r['size']} | {r['mode']} | {r['status'].upper()}: "
+                         f"{r.get('note', '')[:80]} | | | | | | | | |")
+            continue
+        s, o = r["stock"], r["cutlass_nn"]
+        peak = (
+            f"{s['peak_bytes'] / 2**30:.2f} / {o['peak_bytes'] / 2**30:.2f}"
+            if "peak_bytes" in s
+            else "-"
+        )
+        lines.append(
+            f"| {r['family']}-{r['size']} (h{r['model']['hidden']}) | {r['mode']} | "
+            f"{s['step_ms']:.2f} | {o['step_ms']:.2f} | **{r['ratio']:.3f}** | {ratio_spread_text(r)} | "
+            f"{o['tokens_per_s']:,.0f} | {peak} | {fmt_or_dash(r.get('memory_ratio'), '.3f')} | "
+            f"{s['enqueue_ms']:.2f} / {o['enqueue_ms']:.2f} | "
+            f"{fmt_or_dash(r['loss']['max_abs_diff'], '.4f')}"
+            f"{'' if r['loss']['agree'] else ' (DISAGREE)'} |"
+        )
+    return lines
+
+
+def format_targets(t: dict) -> list[str]:
+    """The lines that say which of :func:`targets` pass."""
+    return [
+        f"host-bound rows: min ratio {fmt_or_dash(t['host_bound_min_ratio'], '.3f')} "
+        f"(target >= 1.00: {'PASS' if t['host_bound_pass'] else 'MISS'})",
+        f"peak memory: max ratio {fmt_or_dash(t['max_memory_ratio'], '.3f')} "
+        f"(target <= 1.00: {'PASS' if t['memory_pass'] else 'MISS'})",
+        f"losses agree (rel <= {LOSS_RTOL}): {t['losses_agree']}",
+        f"GPU-bound rows: median ratio {fmt_or_dash(t['gpu_bound_median_ratio'], '.3f')} "
+        "(next issue's target: every row >= 1.00, median >= 1.02)",
+    ]
+
+
+def plot(rows: Sequence[dict], path: Path, title: str) -> Path | None:
+    """Two bar charts (step-time ratio with each row's per-round interquartile range as an error
+    bar, peak-memory ratio) to ``path``; None when no row succeeded."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if not ok:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 0.45 * len(ok) + 2))
+    labels = [f"{r['family']}-{r['size']} {r['mode']}" for r in ok]
+    y = list(range(len(ok)))
+    ratios = [r["ratio"] for r in ok]
+    ax1.barh(y, ratios, color=["tab:green" if v >= 1 else "tab:red" for v in ratios])
+    spread = [(i, r["block_ratio"]) for i, r in enumerate(ok) if r.get("block_ratio", {}).get("n")]
+    for i, b in spread:
+        ax1.plot([b["p25"], b["p75"]], [i, i], color="k", lw=2)  # the per-round IQR
+    ax1.axvline(1.0, color="k", lw=1)
+    ax1.set_yticks(y, labels)
+    ax1.invert_yaxis()
+    ax1.set_xlabel("step-time ratio (stock / cutlass_nn; > 1: cutlass_nn faster)")
+    mem = [r.get("memory_ratio") or 0 for r in ok]
+    ax2.barh(y, mem, color=["tab:green" if m <= 1 else "tab:red" for m in mem])
+    ax2.axvline(1.0, color="k", lw=1)
+    ax2.set_yticks(y, [])
+    ax2.invert_yaxis()
+    ax2.set_xlabel("peak memory ratio (cutlass_nn / stock; < 1: leaner)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
