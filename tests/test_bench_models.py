@@ -219,6 +219,47 @@ def test_sides_alternate_blocks():
     assert len(out["stock"]["block_step_ms"]) == 2 and len(out["stock"]["losses"]) == 4
 
 
+def test_block_probes_attribute_collections_and_compiles_to_their_block():
+    """A side whose step collects garbage in its second timed block, and one whose step compiles
+    a new dynamo frame there: each block's probe says which, and nothing else."""
+    import gc
+
+    from cutlass_nn.bench.block_probe import BlockProbe
+
+    calls = {"s": 0, "c": 0}
+
+    class Disturbed(torch.nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, input_ids, labels):
+            calls[self.name] += 1
+            if calls[self.name] == 4:  # the second timed block (one warm-up step, blocks of 2)
+                if self.name == "s":
+                    gc.collect()
+                else:
+                    torch.compile(lambda t: t * 3, backend="eager")(torch.ones(calls["c"]))
+            return type("Out", (), {"loss": (self.w * input_ids.float()).mean()})()
+
+    batches = [{"input_ids": torch.full((1, 2), i), "labels": torch.zeros(1, 2)} for i in range(4)]
+    out = bench_models.run_sides(
+        {"stock": lambda: Disturbed("s"), "cutlass_nn": lambda: Disturbed("c")},
+        "eager", batches, warmup=1, steps=4, block=2, device="cpu",
+    )
+    s, c = out["stock"]["block_probes"], out["cutlass_nn"]["block_probes"]
+    assert len(s) == len(c) == 2
+    assert s[0]["gc_collections"][2] == 0 and s[1]["gc_collections"][2] >= 1 and s[1]["gc_ms"] > 0
+    assert [b["compiles"] for b in c] == [0, 1] and [b["compiles"] for b in s] == [0, 0]
+    assert out["stock"]["timed_gc_ms"] == pytest.approx(sum(b["gc_ms"] for b in s))
+    assert out["cutlass_nn"]["timed_compiles"] == 1
+    assert all(b["max_enqueue_ms"] > 0 for b in s + c)
+    with BlockProbe() as probe:  # the callback is removed on exit
+        pass
+    assert probe._on_gc not in gc.callbacks
+
+
 def test_loss_comparison_and_targets():
     agree = bench_models.compare_losses([10.0, 9.0], [10.05, 9.0])
     assert agree["agree"] and agree["max_abs_diff"] == pytest.approx(0.05)

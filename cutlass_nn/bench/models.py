@@ -28,7 +28,8 @@ synchronization inside a block (the losses are read after it), the sides alterna
 block (and which goes first each round), so that drift of the host's speed reaches both alike;
 both step through the same batches. Step time = the median over a side's blocks of block wall
 time / steps, and the ratio's spread: the interquartile range of the per-round ratios (the two
-sides' blocks of one round, adjacent in time). Peak memory of a side = what it keeps allocated after its warm-up (parameters,
+sides' blocks of one round, adjacent in time); per block, what else ran in it (``block_probes``:
+garbage collections and their time, dynamo compilations, the slowest step's enqueue time). Peak memory of a side = what it keeps allocated after its warm-up (parameters,
 optimizer state, compiled graphs' memory; torch's cuBLAS workspaces excluded; read after a garbage
 collection) + the largest rise of the allocator's peak during one of its blocks. Reported: step
 time, tokens/s, ratio (stock / converted step time: > 1, converted faster), peak memory and its
@@ -59,6 +60,7 @@ from torch import nn
 
 import cutlass_nn
 from cutlass_nn.bench import fp8 as bench_fp8, peers
+from cutlass_nn.bench.block_probe import BlockProbe
 from cutlass_nn.bench.models_report import (  # noqa: F401 (targets: part of this module's API)
     LOSS_RTOL,
     fmt_or_dash,
@@ -259,6 +261,7 @@ def run_sides(
             "persistent_bytes": _memory_allocated(device) - before,
             "losses": [],
             "block_step_ms": [],
+            "block_probes": [],  # per block: collections, compiles, slowest enqueue (block_probe)
             "enqueue_all_ms": [],
             "transient_bytes": 0,
         }
@@ -274,13 +277,16 @@ def run_sides(
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             pending = []
-            start = time.perf_counter()
-            for j in range(n):
-                s0 = time.perf_counter()
-                pending.append(trainer.step(batches[(done + j) % len(batches)]))
-                rec["enqueue_all_ms"].append((time.perf_counter() - s0) * 1e3)
-            _sync(device)
-            rec["block_step_ms"].append((time.perf_counter() - start) * 1e3 / n)
+            with BlockProbe() as probe:
+                start = time.perf_counter()
+                for j in range(n):
+                    s0 = time.perf_counter()
+                    pending.append(trainer.step(batches[(done + j) % len(batches)]))
+                    rec["enqueue_all_ms"].append((time.perf_counter() - s0) * 1e3)
+                _sync(device)
+                rec["block_step_ms"].append((time.perf_counter() - start) * 1e3 / n)
+            rec["block_probes"].append(dict(probe.summary(),
+                                            max_enqueue_ms=max(rec["enqueue_all_ms"][-n:])))
             if cuda:
                 rec["transient_bytes"] = max(
                     rec["transient_bytes"], torch.cuda.max_memory_allocated() - start_alloc
@@ -290,6 +296,8 @@ def run_sides(
         rounds += 1
     for rec in out.values():
         rec["step_ms"] = statistics.median(rec["block_step_ms"])
+        rec["timed_gc_ms"] = sum(b["gc_ms"] for b in rec["block_probes"])
+        rec["timed_compiles"] = sum(b["compiles"] for b in rec["block_probes"])
         rec["enqueue_ms"] = statistics.median(rec.pop("enqueue_all_ms"))
         if cuda:
             rec["peak_bytes"] = rec["persistent_bytes"] + rec["transient_bytes"]
@@ -586,7 +594,9 @@ def main(argv: Sequence[str]) -> int:
                   f"{row['stock']['step_ms']:.2f} ms, cutlass_nn {row['cutlass_nn']['step_ms']:.2f} ms, "
                   f"ratio {row['ratio']:.3f} (rounds' IQR {ratio_spread_text(row)}), memory "
                   f"{fmt_or_dash(row.get('memory_ratio'), '.3f')}, "
-                  f"loss diff {row['loss']['max_abs_diff']:.4f}"
+                  f"loss diff {row['loss']['max_abs_diff']:.4f}; in timed blocks, gc "
+                  f"{row['stock']['timed_gc_ms']:.0f} / {row['cutlass_nn']['timed_gc_ms']:.0f} ms, "
+                  f"compiles {row['stock']['timed_compiles']} / {row['cutlass_nn']['timed_compiles']}"
                   + (f"; PDL off {row[NO_PDL_SIDE]['step_ms']:.2f} ms (ratio "
                      f"{row['ratio_no_pdl']:.3f}), PDL speed-up {row['pdl_speedup']:.3f}"
                      if "pdl_speedup" in row else ""), flush=True)
