@@ -193,24 +193,30 @@ def test_pdl_ab_side_runs_its_steps_with_pdl_off(monkeypatch):
     assert bench_models.parse_args(["--pdl-ab"]).pdl_ab
 
 
+class _StandIn(torch.nn.Module):
+    """A model for run_sides: one parameter, a loss, and ``on_forward(name, input_ids)``."""
+
+    def __init__(self, name, on_forward):
+        super().__init__()
+        self.name, self.on_forward = name, on_forward
+        self.w = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, input_ids, labels):
+        self.on_forward(self.name, input_ids)
+        return type("Out", (), {"loss": (self.w * input_ids.float()).mean()})()
+
+
 def test_sides_alternate_blocks():
     """run_sides times the sides in alternating blocks (who goes first alternates each round)
     and gives each side the same batch sequence."""
     order = []
 
-    class Recorder(torch.nn.Module):
-        def __init__(self, name):
-            super().__init__()
-            self.name = name
-            self.w = torch.nn.Parameter(torch.ones(()))
-
-        def forward(self, input_ids, labels):
-            order.append((self.name, int(input_ids[0, 0])))
-            return type("Out", (), {"loss": (self.w * input_ids.float()).mean()})()
+    def record(name, input_ids):
+        order.append((name, int(input_ids[0, 0])))
 
     batches = [{"input_ids": torch.full((1, 2), i), "labels": torch.zeros(1, 2)} for i in range(4)]
     out = bench_models.run_sides(
-        {"stock": lambda: Recorder("s"), "cutlass_nn": lambda: Recorder("c")},
+        {"stock": lambda: _StandIn("s", record), "cutlass_nn": lambda: _StandIn("c", record)},
         "eager", batches, warmup=1, steps=4, block=2, device="cpu",
     )
     timed = order[2:]  # after one warm-up step per side
@@ -228,24 +234,17 @@ def test_block_probes_attribute_collections_and_compiles_to_their_block():
 
     calls = {"s": 0, "c": 0}
 
-    class Disturbed(torch.nn.Module):
-        def __init__(self, name):
-            super().__init__()
-            self.name = name
-            self.w = torch.nn.Parameter(torch.ones(()))
-
-        def forward(self, input_ids, labels):
-            calls[self.name] += 1
-            if calls[self.name] == 4:  # the second timed block (one warm-up step, blocks of 2)
-                if self.name == "s":
-                    gc.collect()
-                else:
-                    torch.compile(lambda t: t * 3, backend="eager")(torch.ones(calls["c"]))
-            return type("Out", (), {"loss": (self.w * input_ids.float()).mean()})()
+    def disturb(name, input_ids):
+        calls[name] += 1
+        if calls[name] == 4:  # the second timed block (one warm-up step, blocks of 2)
+            if name == "s":
+                gc.collect()
+            else:
+                torch.compile(lambda t: t * 3, backend="eager")(torch.ones(calls["c"]))
 
     batches = [{"input_ids": torch.full((1, 2), i), "labels": torch.zeros(1, 2)} for i in range(4)]
     out = bench_models.run_sides(
-        {"stock": lambda: Disturbed("s"), "cutlass_nn": lambda: Disturbed("c")},
+        {"stock": lambda: _StandIn("s", disturb), "cutlass_nn": lambda: _StandIn("c", disturb)},
         "eager", batches, warmup=1, steps=4, block=2, device="cpu",
     )
     s, c = out["stock"]["block_probes"], out["cutlass_nn"]["block_probes"]
