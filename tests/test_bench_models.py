@@ -299,8 +299,13 @@ def test_table_combine_and_plot(tmp_path):
     rows = []
     for mode in ("eager", "compile"):
         r = bench_models.run_row(bench_models.RowSpec("gpt", "host", mode), steps=2, block=1,
-                                 warmup=1, device="cpu", dtype=torch.float32, sizes=TINY)
+                                 warmup=1, device="cpu", dtype=torch.float32, sizes=TINY,
+                                 memory_trace=mode == "eager")
         assert r["status"] == "ok", r.get("traceback")
+        # the memory trace is CUDA's: on the CPU each side's is None and nothing differs
+        assert ("memory_trace_difference" in r) == (mode == "eager")
+        assert r.get("memory_trace_difference", []) == []
+        assert r["stock"].get("memory_trace") is None
         rows.append(r)
     err = {"family": "bert", "size": "gpu", "mode": "eager", "label": "x", "status": "error",
            "note": "OutOfMemoryError: ..."}

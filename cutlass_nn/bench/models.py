@@ -61,6 +61,7 @@ from torch import nn
 import cutlass_nn
 from cutlass_nn.bench import fp8 as bench_fp8, peers
 from cutlass_nn.bench.block_probe import BlockProbe
+from cutlass_nn.bench.memory_trace import SideMemoryTrace, format_difference
 from cutlass_nn.bench.models_report import (  # noqa: F401 (targets: part of this module's API)
     LOSS_RTOL,
     fmt_or_dash,
@@ -236,18 +237,21 @@ def run_sides(
     steps: int,
     block: int,
     device,
+    memory_trace: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Builds and warms up each side (compiling it), then times them in alternating blocks of
     ``block`` back-to-back steps (the side that goes first alternates), so that drift of the
     host's speed over the run reaches both sides alike. Each side steps through the same batch
     sequence. Returns per side: median step time over its blocks, host enqueue time, losses,
     whether cutlass_nn operators ran, and (CUDA) peak memory = the memory the side keeps
-    (parameters, optimizer state, compiled graphs' pools) + the largest transient of its steps."""
+    (parameters, optimizer state, compiled graphs' pools) + the largest transient of its steps;
+    with ``memory_trace``, where the memory it keeps was allocated (``memory_trace``)."""
     cuda = torch.device(device).type == "cuda"
     trainers: dict[str, Trainer] = {}
     out: dict[str, dict[str, Any]] = {}
     for side, make in models.items():
         before = _memory_allocated(device)
+        trace = SideMemoryTrace(device) if memory_trace else None
         t0 = time.perf_counter()
         trainers[side] = trainer = Trainer(make(), mode, device,
                                            SIDE_CONTEXTS.get(side, nullcontext))
@@ -265,6 +269,8 @@ def run_sides(
             "enqueue_all_ms": [],
             "transient_bytes": 0,
         }
+        if trace is not None:
+            out[side]["memory_trace"] = trace.finish()
     done = 0
     rounds = 0
     while done < steps:
@@ -370,6 +376,7 @@ def run_row(
     fp8: str | None = None,
     torchao: bool = False,
     pdl_ab: bool = False,
+    memory_trace: bool = False,
 ) -> dict[str, Any]:
     """Stock, then converted, on the same weights and batches; never raises (status "error")."""
     size = sizes[spec.size]
@@ -414,7 +421,11 @@ def run_row(
             steps=steps,
             block=block,
             device=device,
+            memory_trace=memory_trace,
         )
+        if memory_trace:
+            row["memory_trace_difference"] = format_difference(
+                {n: sides[n].get("memory_trace") for n in names})
         converted = [sides[n] for n in ("cutlass_nn", NO_PDL_SIDE) if n in sides]
         if not all(c["ran_cutlass_ops"] for c in converted) or sides["stock"]["ran_cutlass_ops"]:
             raise RuntimeError(
@@ -515,6 +526,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--pdl-ab", action="store_true",
                    help="add a side: the converted model with programmatic dependent launch "
                    "off (row keys ratio_no_pdl, pdl_speedup)")
+    p.add_argument("--memory-trace", action="store_true",
+                   help="record where each side's kept memory was allocated (CUDA allocator "
+                   "history with Python stacks; row key memory_trace_difference)")
     p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge earlier model-benchmark JSONs into one JSON + PNG (no GPU)")
     return p.parse_args(argv)
@@ -563,7 +577,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     meta["loss_rtol"] = LOSS_RTOL
     for flag in ("autotune", "fuse_norm", "fuse_mlp", "fuse_head", "fuse_rope", "liger",
-                 "fp8_reuse", "torchao", "pdl_ab"):
+                 "fp8_reuse", "torchao", "pdl_ab", "memory_trace"):
         meta[flag] = bool(getattr(args, flag))
     meta["fp8"] = args.fp8
     cutlass_nn.fp8.reuse_quantized_inputs(bool(args.fp8_reuse))
@@ -586,7 +600,8 @@ def main(argv: Sequence[str]) -> int:
                           sizes=sizes, autotune=args.autotune, fuse_norm=args.fuse_norm,
                           fuse_mlp=args.fuse_mlp, fuse_head=args.fuse_head,
                           fuse_rope=args.fuse_rope, liger=args.liger, fp8=args.fp8,
-                          torchao=args.torchao, pdl_ab=args.pdl_ab)
+                          torchao=args.torchao, pdl_ab=args.pdl_ab,
+                          memory_trace=args.memory_trace)
         results["rows"].append(row)
         _write(json_path, results)
         if row["status"] == "ok":
@@ -600,6 +615,8 @@ def main(argv: Sequence[str]) -> int:
                   + (f"; PDL off {row[NO_PDL_SIDE]['step_ms']:.2f} ms (ratio "
                      f"{row['ratio_no_pdl']:.3f}), PDL speed-up {row['pdl_speedup']:.3f}"
                      if "pdl_speedup" in row else ""), flush=True)
+            for line in row.get("memory_trace_difference", []):
+                print(line, flush=True)
         else:
             print(f"[{i + 1}/{len(specs)}] {spec.label}: {row['status'].upper()} {row.get('note', '')}", flush=True)
     rows = results["rows"]

@@ -1,0 +1,79 @@
+"""The model benchmark's memory trace (cutlass_nn/bench/memory_trace.py) on snapshot-shaped
+dicts: block addresses, allocation sites, kept / freed blocks and the sides' difference."""
+
+from __future__ import annotations
+
+import torch
+
+from cutlass_nn.bench import memory_trace as mt
+
+
+def _frame(path, line, name):
+    return {"filename": path, "line": line, "name": name}
+
+
+CONVERT = [_frame("/x/torch/utils/_contextlib.py", 1, "wrapper"),
+           _frame("/repo/cutlass_nn/ops.py", 42, "linear"),
+           _frame("/repo/cutlass_nn/modules.py", 7, "forward"),
+           _frame("??", 0, "at::native::empty"),  # a C++ frame: not a Python file
+           _frame("/repo/cutlass_nn/bench/models.py", 99, "step")]
+
+
+def _snapshot(*segments):
+    """segments: (address, [(size, state, frames), ...])"""
+    return {"segments": [
+        {"address": addr, "blocks": [{"size": s, "state": st, "frames": fr} for s, st, fr in blocks]}
+        for addr, blocks in segments
+    ]}
+
+
+def test_origin_keeps_the_innermost_python_frames_of_the_caller():
+    assert mt.origin(CONVERT, depth=2) == "cutlass_nn/ops.py:42:linear < cutlass_nn/modules.py:7:forward"
+    assert mt.origin(CONVERT) == ("cutlass_nn/ops.py:42:linear < cutlass_nn/modules.py:7:forward"
+                                  " < bench/models.py:99:step")
+    assert mt.origin([]) == "(no stack)"
+
+
+def test_live_blocks_addresses_follow_the_segment_layout():
+    snap = _snapshot((1000, [(512, "active_allocated", CONVERT), (2048, "inactive", []),
+                             (1024, "active_allocated", [])]))
+    assert mt.live_blocks(snap) == {(1000, 512): mt.origin(CONVERT), (3560, 1024): "(no stack)"}
+
+
+def test_compare_reports_kept_and_freed_blocks_by_origin():
+    before = _snapshot((0, [(512, "active_allocated", []), (512, "active_allocated", [])]))
+    # the second block is freed; two new blocks from one site and one from another are kept
+    after = _snapshot((0, [(512, "active_allocated", []), (512, "inactive", [])]),
+                      (4096, [(2048, "active_allocated", CONVERT), (1024, "active_allocated", CONVERT),
+                              (8192, "active_allocated", CONVERT[4:])]))
+    c = mt.compare(before, after)
+    assert c["kept_bytes"] == 2048 + 1024 + 8192 and c["freed_bytes"] == 512
+    assert c["kept"][0] == {"origin": "bench/models.py:99:step", "bytes": 8192, "blocks": 1}
+    assert c["kept"][1] == {"origin": mt.origin(CONVERT), "bytes": 3072, "blocks": 2}
+    assert c["freed"] == [{"origin": "(no stack)", "bytes": 512, "blocks": 1}]
+
+
+def test_format_difference_names_only_the_origins_that_differ():
+    same = {"origin": "a.py:1:f", "bytes": 4096, "blocks": 1}
+    stock = {"kept": [same], "freed": []}
+    ours = {"kept": [same, {"origin": "b.py:2:g", "bytes": 1048576, "blocks": 1}],
+            "freed": [{"origin": "c.py:3:h", "bytes": 512, "blocks": 1}]}
+    lines = mt.format_difference({"stock": stock, "cutlass_nn": ours})
+    assert lines == ["  +0 / +1048576 bytes (stock / cutlass_nn): b.py:2:g",
+                     "  +0 / -512 bytes (stock / cutlass_nn): c.py:3:h"]
+    assert mt.format_difference({"stock": stock, "cutlass_nn": None}) == []
+
+
+def test_side_trace_records_between_its_two_snapshots(monkeypatch):
+    """On CUDA the trace turns the allocator's history on, snapshots, and turns it off at the
+    end; off CUDA it does nothing."""
+    calls = []
+    snaps = iter([_snapshot(), _snapshot((0, [(1024, "active_allocated", CONVERT)]))])
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                        lambda enabled="all", **kw: calls.append(enabled))
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: next(snaps))
+    trace = mt.SideMemoryTrace("cuda")
+    result = trace.finish()
+    assert calls == ["all", None]
+    assert result["kept_bytes"] == 1024 and result["kept"][0]["origin"] == mt.origin(CONVERT)
+    assert mt.SideMemoryTrace("cpu").finish() is None
