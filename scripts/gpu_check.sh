@@ -12,6 +12,9 @@
 #   CUTLASS_NN_CUDA_ARCHS, MAX_JOBS: build knobs (README.md).
 #   SKIP_BUILD=1: test the extension already built in place (cutlass_nn/_C*.so, e.g. carried from
 #   an earlier run of this script) instead of building it; the summary says so.
+#   SAVE_SO=1: after a successful build, pack the extension into $OUT/_C.abi3.so.xz (one file of
+#   about 14 MB, scripts/prebuilt_extension.py) to carry into later calls.
+#   PREBUILT_SO=path.xz: unpack that extension in place and test it (implies SKIP_BUILD=1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
@@ -26,6 +29,10 @@ if ! python3 -c "import cutlass_library" 2>/dev/null; then
 fi
 CUTLASS_INC=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))")
 
+if [ -n "${PREBUILT_SO:-}" ]; then
+  python3 scripts/prebuilt_extension.py unpack "$PREBUILT_SO" cutlass_nn/_C.abi3.so || exit 1
+  export SKIP_BUILD=1
+fi
 start=$(date +%s)
 if [ "${SKIP_BUILD:-0}" = 1 ] && ls cutlass_nn/_C*.so >/dev/null 2>&1; then
   echo "SKIP_BUILD=1: testing the prebuilt $(ls cutlass_nn/_C*.so)" > "$OUT/build.log"
@@ -35,6 +42,9 @@ else
   build_rc=$?
 fi
 build_s=$(( $(date +%s) - start ))
+if [ $build_rc -eq 0 ] && [ "${SKIP_BUILD:-0}" != 1 ] && [ "${SAVE_SO:-0}" = 1 ]; then
+  python3 scripts/prebuilt_extension.py pack cutlass_nn/_C.abi3.so "$OUT/_C.abi3.so.xz"
+fi
 echo "build: rc=$build_rc in ${build_s}s (MAX_JOBS=$MAX_JOBS)"
 grep -E "cutlass_nn build:" "$OUT/build.log"
 if [ $build_rc -ne 0 ]; then

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import os
 import platform
 import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import torch
+from prebuilt_extension import md5  # scripts/, this script's own folder
 
 
 def junit_counts(path: str) -> dict[str, int]:
@@ -46,7 +49,8 @@ def main() -> None:
     print("# cutlass_nn GPU check\n")
     print(f"- date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}")
     print(f"- command: `{args.command}`")
-    knobs = [f"{k}={os.environ[k]}" for k in ("CUTLASS_NN_CUDA_ARCHS", "MAX_JOBS", "PYTEST_TARGETS", "SKIP_BUILD")
+    knobs = [f"{k}={os.environ[k]}" for k in ("CUTLASS_NN_CUDA_ARCHS", "MAX_JOBS", "PYTEST_TARGETS", "SKIP_BUILD",
+                                                "PREBUILT_SO")
              if os.environ.get(k)]
     if knobs:
         print(f"- environment: {', '.join(knobs)}")
@@ -60,6 +64,8 @@ def main() -> None:
         print("- device: no CUDA device visible")
     print(f"- torch {torch.__version__}, CUDA {torch.version.cuda}, Python {platform.python_version()}")
     print(f"- CUDA-flavor build: exit code {args.build_rc}, {args.build_seconds} s")
+    for so in sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "cutlass_nn", "_C*.so"))):
+        print(f"- extension tested: {os.path.basename(so)}, md5 {md5(Path(so))}")
     try:
         with open(args.selftests) as f:
             for line in f:
