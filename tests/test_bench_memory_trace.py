@@ -3,6 +3,7 @@ dicts: block addresses, allocation sites, kept / freed blocks and the sides' dif
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from cutlass_nn.bench import memory_trace as mt
@@ -37,7 +38,19 @@ def test_origin_keeps_the_innermost_python_frames_of_the_caller():
 def test_live_blocks_addresses_follow_the_segment_layout():
     snap = _snapshot((1000, [(512, "active_allocated", CONVERT), (2048, "inactive", []),
                              (1024, "active_allocated", [])]))
-    assert mt.live_blocks(snap) == {(1000, 512): mt.origin(CONVERT), (3560, 1024): "(no stack)"}
+    assert mt.live_blocks(snap) == {(1000, 512, mt.origin(CONVERT)), (3560, 1024, "(no stack)")}
+    snap["segments"][0]["blocks"][2]["address"] = 9000  # a block's own address wins
+    assert (9000, 1024, "(no stack)") in mt.live_blocks(snap)
+
+
+def test_a_block_reallocated_in_place_by_another_site_counts_as_freed_and_kept():
+    before = _snapshot((0, [(1048576, "active_allocated", CONVERT[4:])]))
+    after = _snapshot((0, [(1048576, "active_allocated", CONVERT)]))
+    c = mt.compare(before, after)
+    assert c["kept_bytes"] == c["freed_bytes"] == 1048576
+    assert c["kept"][0]["origin"] == mt.origin(CONVERT)
+    assert c["freed"][0]["origin"] == "bench/models.py:99:step"
+    assert mt.compare(after, after)["kept"] == []
 
 
 def test_compare_reports_kept_and_freed_blocks_by_origin():
@@ -62,18 +75,34 @@ def test_format_difference_names_only_the_origins_that_differ():
     assert lines == ["  +0 / +1048576 bytes (stock / cutlass_nn): b.py:2:g",
                      "  +0 / -512 bytes (stock / cutlass_nn): c.py:3:h"]
     assert mt.format_difference({"stock": stock, "cutlass_nn": None}) == []
+    # the difference is over every origin: one that is not among the largest still counts
+    many = [{"origin": f"s{i}.py:1:f", "bytes": 10_000 - i, "blocks": 1} for i in range(60)]
+    lines = mt.format_difference({"stock": {"kept": many, "freed": []},
+                                  "cutlass_nn": {"kept": many[:-1], "freed": []}})
+    assert lines == ["  +9941 / +0 bytes (stock / cutlass_nn): s59.py:1:f"]
 
 
-def test_side_trace_records_between_its_two_snapshots(monkeypatch):
-    """On CUDA the trace turns the allocator's history on, snapshots, and turns it off at the
-    end; off CUDA it does nothing."""
+def test_recording_and_side_trace(monkeypatch):
+    """On CUDA, recording keeps the live blocks' Python stacks (state only, no event trace) and
+    turns that off on the way out, also after an error; a side's trace compares the snapshots
+    at its two ends. Off CUDA neither touches the allocator."""
     calls = []
     snaps = iter([_snapshot(), _snapshot((0, [(1024, "active_allocated", CONVERT)]))])
-    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
-                        lambda enabled="all", **kw: calls.append(enabled))
+
+    def record(*args, **kwargs):
+        calls.append((args, kwargs))
+
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", record)
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: next(snaps))
-    trace = mt.SideMemoryTrace("cuda")
-    result = trace.finish()
-    assert calls == ["all", None]
+    with mt.recording("cuda"):
+        result = mt.SideMemoryTrace("cuda").finish()
+    assert calls == [((), {"enabled": "state", "stacks": "python"}), ((), {"enabled": None})]
     assert result["kept_bytes"] == 1024 and result["kept"][0]["origin"] == mt.origin(CONVERT)
-    assert mt.SideMemoryTrace("cpu").finish() is None
+    calls.clear()
+    with pytest.raises(RuntimeError), mt.recording("cuda"):
+        raise RuntimeError("a side failed to build")
+    assert calls[-1] == ((), {"enabled": None})
+    calls.clear()
+    with mt.recording("cpu"):
+        assert mt.SideMemoryTrace("cpu").finish() is None
+    assert calls == []

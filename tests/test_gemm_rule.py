@@ -105,10 +105,12 @@ RULE_CASES = {
     ("wgrad", 2816, 1024, 2048): (1, 2, 0, False),
     ("wgrad", 1024, 2816, 8192): (10, 0, 0, False),  # beyond 4096 tokens: as before v0.30
     ("wgrad", 2816, 1024, 8192): (2, 0, 0, False),
+    ("wgrad", 2816, 1024, 4097): (2, 0, 0, False),  # just over 4096 tokens
+    ("wgrad", 2816, 1024, 2047): (14, 2, 0, False),  # under 2048 tokens: the block is not reached
     ("wgrad", 2432, 1152, 4096): (1, 2, 0, False),  # 19 x 6 = 114 tiles (swizzle 2: 20 x 6)
     ("wgrad", 2048, 1344, 4096): (2, 0, 0, False),  # 16 x 7 = 112 tiles: under 85% of a wave
     ("wgrad", 1664, 1728, 4096): (1, 1, 0, False),  # 13 x 9 = 117; a swizzle of 2 walks 14 x 10
-    ("wgrad", 2304, 768, 4096): (2, 0, 0, False),  # 18 x 4 = 72 tiles (0.91 with stream-K)
+    ("wgrad", 2304, 768, 4096): (2, 0, 0, False),  # 72 tiles; the few-tile branch decides it
     ("fwd", 2816, 1024, 4096): (14, 2, 0, False),  # not the weight gradient's layout
     ("dgrad", 2816, 1024, 4096): (14, 2, 0, False),
     ("fwd", 4096, 768, 3072): (10, 4, 0, False),  # in place of the transposed problem

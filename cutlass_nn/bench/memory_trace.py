@@ -5,11 +5,14 @@ stack that allocated them.
 The model benchmark charges each side the memory it keeps after its warm-up. A block of about
 1 MiB has moved between the sides from row to row (NOTES, sessions 24-26: +1048064 bytes on the
 converted side of some rows, -1049088 on others), too small to matter and too regular to be
-noise; this module names its allocation site. It records the allocator's history while a side is
-built and warmed up (``torch.cuda.memory._record_memory_history`` with Python stacks), takes a
-snapshot before and after, and reports the blocks alive after that were not alive before, and
-those freed, summed by origin. CUDA only; pure helpers (:func:`live_blocks`, :func:`origin`,
-:func:`compare`) work on any snapshot-shaped dict.
+noise; this module names its allocation site. While the sides of a row are built and warmed up
+(never while they are timed), the allocator keeps the Python stack of every live block
+(:func:`recording`: ``torch.cuda.memory._record_memory_history(enabled="state")``, no event
+trace); a snapshot before and after each side gives the blocks it kept (alive after, not before)
+and those it freed, summed by the site that allocated them. A block allocated before the
+recording began (before the row) has no stack: "(no stack)". CUDA only; the pure helpers
+(:func:`live_blocks`, :func:`origin`, :func:`compare`, :func:`format_difference`) work on any
+snapshot-shaped dict.
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 #: Frames of these files say nothing about who asked for the memory.
 _SKIPPED_FILES = ("memory_trace.py", "/torch/utils/", "/torch/_tensor.py", "contextlib.py")
 #: Innermost Python frames kept in an origin.
 ORIGIN_DEPTH = 4
-#: Origins kept per side and kind (kept / freed), largest first.
-TOP = 40
+#: Origins printed per row, largest difference first.
+SHOWN = 8
 
 
 def origin(frames: Sequence[dict[str, Any]], depth: int = ORIGIN_DEPTH) -> str:
@@ -43,65 +49,77 @@ def origin(frames: Sequence[dict[str, Any]], depth: int = ORIGIN_DEPTH) -> str:
     return " < ".join(kept) if kept else "(no stack)"
 
 
-def live_blocks(snapshot: dict[str, Any]) -> dict[tuple[int, int], str]:
-    """Every allocated block of a ``torch.cuda.memory._snapshot()``: (address, size) -> origin.
-    A block's address is its segment's plus the sizes of the blocks before it."""
-    out: dict[tuple[int, int], str] = {}
+def live_blocks(snapshot: dict[str, Any]) -> set[tuple[int, int, str]]:
+    """Every allocated block of a ``torch.cuda.memory._snapshot()`` as (address, size, origin):
+    a block freed and allocated again at the same place by another site counts as two. A
+    block's address is its own where the snapshot gives it, else its segment's plus the sizes of
+    the blocks before it."""
+    out: set[tuple[int, int, str]] = set()
     for seg in snapshot.get("segments", []):
         address = int(seg["address"])
         for b in seg.get("blocks", []):
+            address = int(b.get("address", address))
             if b.get("state") == "active_allocated":
-                out[(address, int(b["size"]))] = origin(b.get("frames", []))
+                out.add((address, int(b["size"]), origin(b.get("frames", []))))
             address += int(b["size"])
     return out
 
 
-def _by_origin(blocks: dict[tuple[int, int], str], top: int) -> list[dict[str, Any]]:
+def _by_origin(blocks: set[tuple[int, int, str]]) -> list[dict[str, Any]]:
     sums: dict[str, list[int]] = {}
-    for (_, size), where in blocks.items():
+    for _, size, where in blocks:
         entry = sums.setdefault(where, [0, 0])
         entry[0] += size
         entry[1] += 1
     rows = [{"origin": k, "bytes": v[0], "blocks": v[1]} for k, v in sums.items()]
-    return sorted(rows, key=lambda r: (-r["bytes"], r["origin"]))[:top]
+    return sorted(rows, key=lambda r: (-r["bytes"], r["origin"]))
 
 
-def compare(before: dict[str, Any], after: dict[str, Any], top: int = TOP) -> dict[str, Any]:
+def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """The blocks alive in ``after`` but not in ``before`` (``kept``) and the reverse
-    (``freed``), each summed by origin (largest first, ``top`` of them), with their totals."""
+    (``freed``), each summed by origin (every origin, largest first), with their totals."""
     b, a = live_blocks(before), live_blocks(after)
-    kept = {k: v for k, v in a.items() if k not in b}
-    freed = {k: v for k, v in b.items() if k not in a}
+    kept, freed = a - b, b - a
     return {
-        "kept_bytes": sum(size for _, size in kept),
-        "freed_bytes": sum(size for _, size in freed),
-        "kept": _by_origin(kept, top),
-        "freed": _by_origin(freed, top),
+        "kept_bytes": sum(size for _, size, _ in kept),
+        "freed_bytes": sum(size for _, size, _ in freed),
+        "kept": _by_origin(kept),
+        "freed": _by_origin(freed),
     }
 
 
+@contextlib.contextmanager
+def recording(device) -> Iterator[None]:
+    """Keeps the Python stack of every live CUDA block while inside (on CUDA; else nothing), and
+    turns the recording off on the way out, also when the body raises."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    torch.cuda.memory._record_memory_history(enabled="state", stacks="python")
+    try:
+        yield
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
 class SideMemoryTrace:
-    """Records the allocator's history from construction until :meth:`finish`, which returns
-    :func:`compare` of the snapshots at both ends (None off CUDA)."""
+    """A snapshot at construction and one at :meth:`finish`, which returns their
+    :func:`compare` (None off CUDA). Stacks are there only inside :func:`recording`."""
 
     def __init__(self, device) -> None:
         self.cuda = torch.device(device).type == "cuda"
-        self.before: dict[str, Any] | None = None
-        if self.cuda:
-            torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
-            self.before = torch.cuda.memory._snapshot()
+        self.before = torch.cuda.memory._snapshot() if self.cuda else None
 
     def finish(self) -> dict[str, Any] | None:
         if not self.cuda:
             return None
-        after = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
-        return compare(self.before or {}, after)
+        return compare(self.before or {}, torch.cuda.memory._snapshot())
 
 
-def format_difference(sides: dict[str, dict[str, Any] | None], limit: int = 8) -> list[str]:
+def format_difference(sides: dict[str, dict[str, Any] | None], limit: int = SHOWN) -> list[str]:
     """Lines naming the origins whose kept bytes differ between the sides' traces (a side's
-    freed bytes count negative), largest difference first."""
+    freed bytes count negative), largest difference first, ``limit`` of them (the difference
+    is taken over every origin, not only the largest)."""
     traces = {k: v for k, v in sides.items() if v}
     if len(traces) < 2:
         return []

@@ -29,9 +29,10 @@ block (and which goes first each round), so that drift of the host's speed reach
 both step through the same batches. Step time = the median over a side's blocks of block wall
 time / steps, and the ratio's spread: the interquartile range of the per-round ratios (the two
 sides' blocks of one round, adjacent in time); per block, what else ran in it (``block_probes``:
-garbage collections and their time, dynamo compilations, the slowest step's enqueue time). Peak memory of a side = what it keeps allocated after its warm-up (parameters,
-optimizer state, compiled graphs' memory; torch's cuBLAS workspaces excluded; read after a garbage
-collection) + the largest rise of the allocator's peak during one of its blocks. Reported: step
+garbage collections and their time, dynamo compilations, the slowest step's enqueue time).
+Peak memory of a side = what it keeps allocated after its warm-up (parameters, optimizer state,
+compiled graphs' memory; torch's cuBLAS workspaces excluded; read after a garbage collection) +
+the largest rise of the allocator's peak during one of its blocks. Reported: step
 time, tokens/s, ratio (stock / converted step time: > 1, converted faster), peak memory and its
 ratio (converted / stock), host time to enqueue a step, the largest loss difference (at most
 ``LOSS_RTOL`` of the stock loss: agreement). ``--liger`` and ``--torchao`` add a third side,
@@ -61,7 +62,7 @@ from torch import nn
 import cutlass_nn
 from cutlass_nn.bench import fp8 as bench_fp8, peers
 from cutlass_nn.bench.block_probe import BlockProbe
-from cutlass_nn.bench.memory_trace import SideMemoryTrace, format_difference
+from cutlass_nn.bench.memory_trace import SideMemoryTrace, format_difference, recording
 from cutlass_nn.bench.models_report import (  # noqa: F401 (targets: part of this module's API)
     LOSS_RTOL,
     fmt_or_dash,
@@ -249,28 +250,31 @@ def run_sides(
     cuda = torch.device(device).type == "cuda"
     trainers: dict[str, Trainer] = {}
     out: dict[str, dict[str, Any]] = {}
-    for side, make in models.items():
-        before = _memory_allocated(device)
-        trace = SideMemoryTrace(device) if memory_trace else None
-        t0 = time.perf_counter()
-        trainers[side] = trainer = Trainer(make(), mode, device,
-                                           SIDE_CONTEXTS.get(side, nullcontext))
-        _, ran_ops = _ran_cutlass_ops(trainer, batches[0])
-        for i in range(1, warmup):
-            trainer.step(batches[i % len(batches)])
-        _sync(device)
-        out[side] = {
-            "warmup_s": time.perf_counter() - t0,
-            "ran_cutlass_ops": ran_ops,
-            "persistent_bytes": _memory_allocated(device) - before,
-            "losses": [],
-            "block_step_ms": [],
-            "block_probes": [],  # per block: collections, compiles, slowest enqueue (block_probe)
-            "enqueue_all_ms": [],
-            "transient_bytes": 0,
-        }
-        if trace is not None:
-            out[side]["memory_trace"] = trace.finish()
+    # The allocator records stacks (--memory-trace) while the sides are built and warmed up,
+    # never while they are timed.
+    with recording(device) if memory_trace else nullcontext():
+        for side, make in models.items():
+            before = _memory_allocated(device)
+            trace = SideMemoryTrace(device) if memory_trace else None
+            t0 = time.perf_counter()
+            trainers[side] = trainer = Trainer(make(), mode, device,
+                                               SIDE_CONTEXTS.get(side, nullcontext))
+            _, ran_ops = _ran_cutlass_ops(trainer, batches[0])
+            for i in range(1, warmup):
+                trainer.step(batches[i % len(batches)])
+            _sync(device)
+            out[side] = {
+                "warmup_s": time.perf_counter() - t0,
+                "ran_cutlass_ops": ran_ops,
+                "persistent_bytes": _memory_allocated(device) - before,
+                "losses": [],
+                "block_step_ms": [],
+                "block_probes": [],  # per block: collections, compiles, slowest enqueue
+                "enqueue_all_ms": [],
+                "transient_bytes": 0,
+            }
+            if trace is not None:
+                out[side]["memory_trace"] = trace.finish()
     done = 0
     rounds = 0
     while done < steps:

@@ -13,6 +13,7 @@ from typing import Any
 #: (bfloat16 parameters: the two models round differently, and training drifts a little).
 LOSS_RTOL = 0.01
 
+
 def targets(rows: Sequence[dict]) -> dict[str, Any]:
     """This issue's targets: host-bound rows' ratio >= 1.00, every row's peak memory <= 1.00x
     stock, losses in agreement (the GPU-bound rows' speed is the next issue's)."""
@@ -67,7 +68,8 @@ def format_table(rows: Sequence[dict]) -> list[str]:
         )
         lines.append(
             f"| {r['family']}-{r['size']} (h{r['model']['hidden']}) | {r['mode']} | "
-            f"{s['step_ms']:.2f} | {o['step_ms']:.2f} | **{r['ratio']:.3f}** | {ratio_spread_text(r)} | "
+            f"{s['step_ms']:.2f} | {o['step_ms']:.2f} | **{r['ratio']:.3f}** | "
+            f"{ratio_spread_text(r)} | "
             f"{o['tokens_per_s']:,.0f} | {peak} | {fmt_or_dash(r.get('memory_ratio'), '.3f')} | "
             f"{s['enqueue_ms']:.2f} / {o['enqueue_ms']:.2f} | "
             f"{fmt_or_dash(r['loss']['max_abs_diff'], '.4f')}"
