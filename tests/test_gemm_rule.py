@@ -107,6 +107,9 @@ RULE_CASES = {
     ("wgrad", 2816, 1024, 8192): (2, 0, 0, False),
     ("wgrad", 2816, 1024, 4097): (2, 0, 0, False),  # just over 4096 tokens
     ("wgrad", 2816, 1024, 2047): (14, 2, 0, False),  # under 2048 tokens: the block is not reached
+    # the clause is asked only inside the mid-size weight-gradient block (at most 1.4 waves of
+    # 128x128 tiles): one wave of 128x192 tiles but 198 of 128x128 keeps config 14
+    ("wgrad", 2816, 1152, 4096): (14, 1, 0, False),
     ("wgrad", 2432, 1152, 4096): (1, 2, 0, False),  # 19 x 6 = 114 tiles (swizzle 2: 20 x 6)
     ("wgrad", 2048, 1344, 4096): (2, 0, 0, False),  # 16 x 7 = 112 tiles: under 85% of a wave
     ("wgrad", 1664, 1728, 4096): (1, 1, 0, False),  # 13 x 9 = 117; a swizzle of 2 walks 14 x 10

@@ -197,10 +197,7 @@ bool tile192_fills_one_wave(const GemmParams& p, int64_t sms) {
 // tile; 1024 x 2816 0.984 vs 0.961 for config 10: results/sweep_nvidia-h100-80gb-hbm3_20261127-
 // 235628.json; inside the compiled llama-host step the 2816 x 1024 one took 34.7 us vs 39.6, cuBLAS
 // 34.4: step_sweep_..._20261128-000604.json). Over more tokens config 10 lost to stream-K (1024 x
-// 2816 over 16384 tokens 0.73-0.75 vs 1.01) and this tile was not measured there. Asked only
-// inside the rule's mid-size weight-gradient block (at most 1.4 waves of 128x128 tiles): a
-// problem with one wave of 128x192 tiles but more 128x128 ones (2816 x 1152: 132 vs 198) keeps
-// the later choices (config 14 there).
+// 2816 over 16384 tokens 0.73-0.75 vs 1.01) and this tile was not measured there.
 bool tile192_no_cluster_takes_wgrad(const GemmParams& p, int64_t sms) {
   const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
   const int64_t tiles = scheduled_tiles(ceil_div(p.m, 128), ceil_div(p.n, 192), 1, 1, 1);

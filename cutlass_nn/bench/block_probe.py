@@ -1,9 +1,9 @@
 """What else ran inside one timed block of training steps (``--what models``): Python's garbage
 collections (automatic ones and any ``gc.collect()`` a step calls: how many, of which
-generation, and their wall time) and ``torch._dynamo``
-frame compilations. A host-bound block that takes several times its neighbours' time is then
-attributable, or not, to a collection or a recompilation that landed in it, on whichever side
-(NOTES, twenty-sixth session: single blocks up to 3x slower than the rest of their row).
+generation, and their wall time) and ``torch._dynamo`` frame compilations. A host-bound block
+that takes several times its neighbours' time is then attributable, or not, to a collection or
+a recompilation that landed in it, on whichever side (NOTES, twenty-sixth session: single blocks
+up to 3x slower than the rest of their row).
 """
 
 from __future__ import annotations
