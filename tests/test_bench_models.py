@@ -277,6 +277,28 @@ def test_loss_comparison_and_targets():
     assert not t["host_bound_pass"] and not t["memory_pass"] and t["losses_agree"] is False
     lines = bench_models.format_targets(t)
     assert "MISS" in lines[0] and "MISS" in lines[1]
+    assert t["memory_judged_on"] == "allocator blocks"  # no row read tensor bytes
+
+
+def test_memory_target_is_judged_on_tensor_bytes_where_every_row_read_them():
+    """A block of allocator rounding more on the converted side (blocks 1.0005) with the same
+    tensor bytes passes; a tensor more (requested 1.0001) fails; a row without the reading
+    falls back to the blocks."""
+    def row(mem, requested):
+        r = {"status": "ok", "size": "gpu", "ratio": 1.0, "memory_ratio": mem, "loss": {"agree": True}}
+        if requested is not None:
+            r["memory_ratio_requested"] = requested
+        return r
+
+    t = bench_models.targets([row(1.0005, 1.0), row(0.99, 0.98)])
+    assert t["memory_pass"] and t["memory_judged_on"] == "tensor bytes"
+    assert t["max_memory_ratio"] == pytest.approx(1.0005)
+    assert t["max_memory_ratio_requested"] == pytest.approx(1.0)
+    line = bench_models.format_targets(t)[1]
+    assert "1.0005 in allocator blocks, 1.0000 in tensor bytes" in line and "PASS" in line
+    assert not bench_models.targets([row(1.0, 1.0001)])["memory_pass"]
+    t = bench_models.targets([row(1.0005, 1.0), row(0.99, None)])
+    assert t["memory_judged_on"] == "allocator blocks" and not t["memory_pass"]
 
 
 def test_paired_ratio_spread_pairs_the_blocks_of_a_round():
@@ -396,7 +418,7 @@ def test_memory_reading_collects_garbage_first(monkeypatch):
         def __del__(self):
             live["bytes"] -= self.size
 
-    monkeypatch.setattr(bench_models, "_allocated_now", lambda device: live["bytes"])
+    monkeypatch.setattr(bench_models, "_allocated_now", lambda device: (live["bytes"], live["bytes"]))
     kept = Block(4096)
     was_enabled = gc.isenabled()
     gc.disable()  # no automatic collection between making the garbage and the reading
@@ -405,7 +427,7 @@ def test_memory_reading_collects_garbage_first(monkeypatch):
         cycle.append(cycle)
         del cycle
         assert live["bytes"] == 4096 + (1 << 20)  # the cycle's block is still allocated
-        assert bench_models._memory_allocated("cpu") == 4096
+        assert bench_models._memory_now("cpu") == (4096, 4096)
     finally:
         if was_enabled:
             gc.enable()

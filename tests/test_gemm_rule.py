@@ -111,7 +111,14 @@ RULE_CASES = {
     # 128x128 tiles): one wave of 128x192 tiles but 198 of 128x128 keeps config 14
     ("wgrad", 2816, 1152, 4096): (14, 1, 0, False),
     ("wgrad", 2432, 1152, 4096): (1, 2, 0, False),  # 19 x 6 = 114 tiles (swizzle 2: 20 x 6)
-    ("wgrad", 2048, 1344, 4096): (2, 0, 0, False),  # 16 x 7 = 112 tiles: under 85% of a wave
+    # v0.31: from 80% of a wave (H200: 3584 x 768 over 4096 tokens 0.971 vs 0.861 for stream-K)
+    ("wgrad", 2048, 1344, 4096): (1, 2, 0, False),  # 16 x 7 = 112 tiles: 84.8% of a wave
+    ("wgrad", 3584, 768, 4096): (1, 2, 0, False),  # 28 x 4 = 112
+    ("wgrad", 3584, 768, 2048): (1, 2, 0, False),
+    ("wgrad", 3456, 768, 4096): (1, 2, 0, False),  # 27 x 4 = 108
+    ("wgrad", 6784, 384, 4096): (1, 2, 0, False),  # 53 x 2 = 106: 80.3% of a wave
+    ("wgrad", 1920, 1344, 4096): (2, 0, 0, False),  # 15 x 7 = 105: 79.5%, stream-K as before
+    ("wgrad", 3328, 768, 4096): (2, 0, 0, False),  # 26 x 4 = 104
     ("wgrad", 1664, 1728, 4096): (1, 1, 0, False),  # 13 x 9 = 117; a swizzle of 2 walks 14 x 10
     ("wgrad", 2304, 768, 4096): (2, 0, 0, False),  # 72 tiles; the few-tile branch decides it
     ("fwd", 2816, 1024, 4096): (14, 2, 0, False),  # not the weight gradient's layout

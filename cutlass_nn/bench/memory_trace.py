@@ -49,40 +49,50 @@ def origin(frames: Sequence[dict[str, Any]], depth: int = ORIGIN_DEPTH) -> str:
     return " < ".join(kept) if kept else "(no stack)"
 
 
-def live_blocks(snapshot: dict[str, Any]) -> set[tuple[int, int, str]]:
-    """Every allocated block of a ``torch.cuda.memory._snapshot()`` as (address, size, origin):
-    a block freed and allocated again at the same place by another site counts as two. A
-    block's address is its own where the snapshot gives it, else its segment's plus the sizes of
-    the blocks before it."""
-    out: set[tuple[int, int, str]] = set()
+def live_blocks(snapshot: dict[str, Any]) -> set[tuple[int, int, int, str]]:
+    """Every allocated block of a ``torch.cuda.memory._snapshot()`` as (address, size,
+    requested size, origin): a block freed and allocated again at the same place by another site
+    counts as two. A block's address is its own where the snapshot gives it, else its segment's
+    plus the sizes of the blocks before it. The requested size is what the tensor asked for (the
+    snapshot's ``requested_size``; the block's size where it has none): the allocator hands out
+    a free block up to 1 MiB larger than asked without splitting it, so equal tensors can sit in
+    blocks of different sizes, depending on what was free at the time."""
+    out: set[tuple[int, int, int, str]] = set()
     for seg in snapshot.get("segments", []):
         address = int(seg["address"])
         for b in seg.get("blocks", []):
             address = int(b.get("address", address))
             if b.get("state") == "active_allocated":
-                out.add((address, int(b["size"]), origin(b.get("frames", []))))
+                size = int(b["size"])
+                requested = int(b.get("requested_size", size))
+                out.add((address, size, requested, origin(b.get("frames", []))))
             address += int(b["size"])
     return out
 
 
-def _by_origin(blocks: set[tuple[int, int, str]]) -> list[dict[str, Any]]:
+def _by_origin(blocks: set[tuple[int, int, int, str]]) -> list[dict[str, Any]]:
     sums: dict[str, list[int]] = {}
-    for _, size, where in blocks:
-        entry = sums.setdefault(where, [0, 0])
+    for _, size, requested, where in blocks:
+        entry = sums.setdefault(where, [0, 0, 0])
         entry[0] += size
-        entry[1] += 1
-    rows = [{"origin": k, "bytes": v[0], "blocks": v[1]} for k, v in sums.items()]
+        entry[1] += requested
+        entry[2] += 1
+    rows = [{"origin": k, "bytes": v[0], "requested_bytes": v[1], "blocks": v[2]}
+            for k, v in sums.items()]
     return sorted(rows, key=lambda r: (-r["bytes"], r["origin"]))
 
 
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """The blocks alive in ``after`` but not in ``before`` (``kept``) and the reverse
-    (``freed``), each summed by origin (every origin, largest first), with their totals."""
+    (``freed``), each summed by origin (every origin, largest first; block sizes and requested
+    sizes), with their totals."""
     b, a = live_blocks(before), live_blocks(after)
     kept, freed = a - b, b - a
     return {
-        "kept_bytes": sum(size for _, size, _ in kept),
-        "freed_bytes": sum(size for _, size, _ in freed),
+        "kept_bytes": sum(size for _, size, _, _ in kept),
+        "kept_requested_bytes": sum(req for _, _, req, _ in kept),
+        "freed_bytes": sum(size for _, size, _, _ in freed),
+        "freed_requested_bytes": sum(req for _, _, req, _ in freed),
         "kept": _by_origin(kept),
         "freed": _by_origin(freed),
     }
@@ -117,21 +127,30 @@ class SideMemoryTrace:
 
 
 def format_difference(sides: dict[str, dict[str, Any] | None], limit: int = SHOWN) -> list[str]:
-    """Lines naming the origins whose kept bytes differ between the sides' traces (a side's
-    freed bytes count negative), largest difference first, ``limit`` of them (the difference
-    is taken over every origin, not only the largest)."""
+    """Lines naming the origins whose kept bytes (block sizes) or kept requested bytes differ
+    between the sides' traces (a side's freed bytes count negative), largest difference first,
+    ``limit`` of them (the difference is taken over every origin, not only the largest); each
+    line gives both: equal requested bytes in blocks of different sizes is the allocator's
+    rounding, not a tensor more."""
     traces = {k: v for k, v in sides.items() if v}
     if len(traces) < 2:
         return []
     names = list(traces)
-    net: dict[str, dict[str, int]] = {}
+    net: dict[str, dict[str, list[int]]] = {}
     for side, t in traces.items():
         for sign, key in ((1, "kept"), (-1, "freed")):
             for r in t[key]:
-                net.setdefault(r["origin"], {n: 0 for n in names})[side] += sign * r["bytes"]
-    differing = [(o, v) for o, v in net.items() if len(set(v.values())) > 1]
-    differing.sort(key=lambda ov: -(max(ov[1].values()) - min(ov[1].values())))
+                entry = net.setdefault(r["origin"], {n: [0, 0] for n in names})[side]
+                entry[0] += sign * r["bytes"]
+                entry[1] += sign * r.get("requested_bytes", r["bytes"])
+
+    def spread(v: dict[str, list[int]], i: int) -> int:
+        return max(x[i] for x in v.values()) - min(x[i] for x in v.values())
+
+    differing = [(o, v) for o, v in net.items() if spread(v, 0) or spread(v, 1)]
+    differing.sort(key=lambda ov: (-spread(ov[1], 0), -spread(ov[1], 1)))
     return [
-        "  " + " / ".join(f"{v[n]:+d}" for n in names) + f" bytes ({' / '.join(names)}): {o}"
+        "  " + " / ".join(f"{v[n][0]:+d}" for n in names) + " bytes, requested "
+        + " / ".join(f"{v[n][1]:+d}" for n in names) + f" ({' / '.join(names)}): {o}"
         for o, v in differing[:limit]
     ]

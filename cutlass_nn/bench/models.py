@@ -32,9 +32,14 @@ sides' blocks of one round, adjacent in time); per block, what else ran in it (`
 garbage collections and their time, dynamo compilations, the slowest step's enqueue time).
 Peak memory of a side = what it keeps allocated after its warm-up (parameters, optimizer state,
 compiled graphs' memory; torch's cuBLAS workspaces excluded; read after a garbage collection) +
-the largest rise of the allocator's peak during one of its blocks. Reported: step
-time, tokens/s, ratio (stock / converted step time: > 1, converted faster), peak memory and its
-ratio (converted / stock), host time to enqueue a step, the largest loss difference (at most
+the largest rise of the allocator's peak during one of its blocks, read twice: in allocator
+blocks (``peak_bytes``, what ``torch.cuda.max_memory_allocated`` counts) and in the bytes the
+tensors requested (``peak_requested_bytes``). The allocator hands out a free block up to 1 MiB
+larger than asked without splitting it, so the same tensors can take a block more or less on
+either side depending on what happened to be free (``--memory-trace`` names the site); the
+requested bytes are what a side's tensors need. Reported: step time, tokens/s, ratio (stock /
+converted step time: > 1, converted faster), peak memory and its ratio (converted / stock, in
+blocks and in tensor bytes), host time to enqueue a step, the largest loss difference (at most
 ``LOSS_RTOL`` of the stock loss: agreement). ``--liger`` and ``--torchao`` add a third side,
 another project's speed-up of the same stock model (:mod:`cutlass_nn.bench.peers`). ``--pdl-ab``
 adds the converted model with programmatic dependent launch off around all its steps
@@ -206,19 +211,30 @@ SIDE_CONTEXTS: dict[str, Callable[[], AbstractContextManager]] = {
 }
 
 
-def _memory_allocated(device) -> int:
-    """Allocated memory, read after freeing cyclic garbage (else a later side is credited it)."""
+def _memory_now(device) -> tuple[int, int]:
+    """(allocated, requested) memory, read after freeing cyclic garbage (else a later side is
+    credited it): the allocator's blocks, and the bytes their tensors asked for. The two differ
+    by the allocator's rounding (a free block up to 1 MiB larger than asked is handed out whole),
+    which depends on what happened to be free, not on what a side keeps."""
     gc.collect()
     return _allocated_now(device)
 
 
-def _allocated_now(device) -> int:
-    """Allocated memory with torch's per-thread cuBLAS workspaces present (charged to no side)."""
+def _allocated_now(device) -> tuple[int, int]:
+    """(allocated, requested) memory with torch's per-thread cuBLAS workspaces present (charged
+    to no side)."""
     if torch.device(device).type != "cuda":
-        return 0
+        return 0, 0
     a = torch.ones(16, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
     torch.addmm(a[0], a, a).sum().backward(), torch.cuda.synchronize()
-    return torch.cuda.memory_allocated()
+    stats = torch.cuda.memory_stats()
+    return stats.get("allocated_bytes.all.current", 0), stats.get("requested_bytes.all.current", 0)
+
+
+def _peak_since_reset(device) -> tuple[int, int]:
+    """(allocated, requested) peaks since the last ``reset_peak_memory_stats``."""
+    stats = torch.cuda.memory_stats(device)
+    return stats.get("allocated_bytes.all.peak", 0), stats.get("requested_bytes.all.peak", 0)
 
 
 def _ran_cutlass_ops(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, bool]:
@@ -254,7 +270,7 @@ def run_sides(
     # never while they are timed.
     with recording(device) if memory_trace else nullcontext():
         for side, make in models.items():
-            before = _memory_allocated(device)
+            before = _memory_now(device)
             trace = SideMemoryTrace(device) if memory_trace else None
             t0 = time.perf_counter()
             trainers[side] = trainer = Trainer(make(), mode, device,
@@ -263,15 +279,18 @@ def run_sides(
             for i in range(1, warmup):
                 trainer.step(batches[i % len(batches)])
             _sync(device)
+            after = _memory_now(device)
             out[side] = {
                 "warmup_s": time.perf_counter() - t0,
                 "ran_cutlass_ops": ran_ops,
-                "persistent_bytes": _memory_allocated(device) - before,
+                "persistent_bytes": after[0] - before[0],
+                "persistent_requested_bytes": after[1] - before[1],
                 "losses": [],
                 "block_step_ms": [],
                 "block_probes": [],  # per block: collections, compiles, slowest enqueue
                 "enqueue_all_ms": [],
                 "transient_bytes": 0,
+                "transient_requested_bytes": 0,
             }
             if trace is not None:
                 out[side]["memory_trace"] = trace.finish()
@@ -283,7 +302,7 @@ def run_sides(
         for side in order if rounds % 2 == 0 else order[::-1]:
             rec, trainer = out[side], trainers[side]
             _sync(device)
-            start_alloc = _memory_allocated(device)
+            start_alloc = _memory_now(device)
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             pending = []
@@ -298,9 +317,10 @@ def run_sides(
             rec["block_probes"].append(dict(probe.summary(),
                                             max_enqueue_ms=max(rec["enqueue_all_ms"][-n:])))
             if cuda:
-                rec["transient_bytes"] = max(
-                    rec["transient_bytes"], torch.cuda.max_memory_allocated() - start_alloc
-                )
+                peak = _peak_since_reset(device)
+                rec["transient_bytes"] = max(rec["transient_bytes"], peak[0] - start_alloc[0])
+                rec["transient_requested_bytes"] = max(rec["transient_requested_bytes"],
+                                                       peak[1] - start_alloc[1])
             rec["losses"] += [float(x) for x in pending]
         done += n
         rounds += 1
@@ -311,8 +331,12 @@ def run_sides(
         rec["enqueue_ms"] = statistics.median(rec.pop("enqueue_all_ms"))
         if cuda:
             rec["peak_bytes"] = rec["persistent_bytes"] + rec["transient_bytes"]
+            rec["peak_requested_bytes"] = (rec["persistent_requested_bytes"]
+                                           + rec["transient_requested_bytes"])
         else:
-            del rec["persistent_bytes"], rec["transient_bytes"]
+            for key in ("persistent_bytes", "transient_bytes", "persistent_requested_bytes",
+                        "transient_requested_bytes"):
+                del rec[key]
     return out
 
 
@@ -445,6 +469,9 @@ def run_row(
             side["tokens_per_s"] = tokens / (side["step_ms"] / 1e3)
         if "peak_bytes" in stock:
             row["memory_ratio"] = ours["peak_bytes"] / stock["peak_bytes"]
+        if stock.get("peak_requested_bytes"):
+            row["memory_ratio_requested"] = (ours["peak_requested_bytes"]
+                                             / stock["peak_requested_bytes"])
         row["loss"] = compare_losses(stock["losses"], ours["losses"])
         if (no_pdl := sides.get(NO_PDL_SIDE)) is not None:
             row["ratio_no_pdl"] = stock["step_ms"] / no_pdl["step_ms"]
@@ -612,7 +639,8 @@ def main(argv: Sequence[str]) -> int:
             print(f"[{i + 1}/{len(specs)} {time.monotonic() - t0:4.0f}s] {spec.label}: stock "
                   f"{row['stock']['step_ms']:.2f} ms, cutlass_nn {row['cutlass_nn']['step_ms']:.2f} ms, "
                   f"ratio {row['ratio']:.3f} (rounds' IQR {ratio_spread_text(row)}), memory "
-                  f"{fmt_or_dash(row.get('memory_ratio'), '.3f')}, "
+                  f"{fmt_or_dash(row.get('memory_ratio'), '.3f')} (tensor bytes "
+                  f"{fmt_or_dash(row.get('memory_ratio_requested'), '.4f')}), "
                   f"loss diff {row['loss']['max_abs_diff']:.4f}; in timed blocks, gc "
                   f"{row['stock']['timed_gc_ms']:.0f} / {row['cutlass_nn']['timed_gc_ms']:.0f} ms, "
                   f"compiles {row['stock']['timed_compiles']} / {row['cutlass_nn']['timed_compiles']}"

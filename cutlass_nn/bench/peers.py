@@ -98,6 +98,8 @@ def finish(side: dict[str, Any], stock: dict[str, Any], ours: dict[str, Any], co
     side["ours_vs_peer"] = side["step_ms"] / ours["step_ms"]
     if "peak_bytes" in side and "peak_bytes" in stock:
         side["memory_ratio"] = side["peak_bytes"] / stock["peak_bytes"]
+    if side.get("peak_requested_bytes") and stock.get("peak_requested_bytes"):
+        side["memory_ratio_requested"] = side["peak_requested_bytes"] / stock["peak_requested_bytes"]
     side["loss"] = compare(stock["losses"], side["losses"])
 
 
