@@ -27,8 +27,13 @@ not. Then ``--steps`` timed steps per side in blocks of ``--block`` back-to-back
 synchronization inside a block (the losses are read after it), the sides alternating block by
 block (and which goes first each round), so that drift of the host's speed reaches both alike;
 both step through the same batches. Step time = the median over a side's blocks of block wall
-time / steps, and the ratio's spread: the interquartile range of the per-round ratios (the two
-sides' blocks of one round, adjacent in time); per block, what else ran in it (``block_probes``:
+time / steps. The row's ratio = the median of the per-round ratios (stock block / converted
+block of one round, adjacent in time), its spread their interquartile range: the host's speed
+drifts by tens of percent over a host-bound run (both sides' blocks move together), and a
+paired ratio cancels what the two blocks of a round share, where the ratio of the sides'
+median step times (``ratio_of_medians``, also reported) compares blocks from different moments
+(2026-11-28, H200: bert-host eager 0.976 of medians, 1.078 paired, every round but one above
+1.02). Per block, what else ran in it (``block_probes``:
 garbage collections and their time, dynamo compilations, the slowest step's enqueue time).
 Peak memory of a side = what it keeps allocated after its warm-up (parameters, optimizer state,
 compiled graphs' memory; torch's cuBLAS workspaces excluded; read after a garbage collection) +
@@ -462,8 +467,10 @@ def run_row(
             )
         row.update(sides)
         stock, ours = sides["stock"], sides["cutlass_nn"]
-        row["ratio"] = stock["step_ms"] / ours["step_ms"]
+        row["ratio_of_medians"] = stock["step_ms"] / ours["step_ms"]
         row["block_ratio"] = paired_ratio_spread(stock["block_step_ms"], ours["block_step_ms"])
+        row["ratio"] = (row["block_ratio"]["median"] if row["block_ratio"]["n"]
+                        else row["ratio_of_medians"])
         tokens = row["tokens_per_step"]
         for side in sides.values():
             side["tokens_per_s"] = tokens / (side["step_ms"] / 1e3)
@@ -638,7 +645,8 @@ def main(argv: Sequence[str]) -> int:
         if row["status"] == "ok":
             print(f"[{i + 1}/{len(specs)} {time.monotonic() - t0:4.0f}s] {spec.label}: stock "
                   f"{row['stock']['step_ms']:.2f} ms, cutlass_nn {row['cutlass_nn']['step_ms']:.2f} ms, "
-                  f"ratio {row['ratio']:.3f} (rounds' IQR {ratio_spread_text(row)}), memory "
+                  f"ratio {row['ratio']:.3f} (rounds' IQR {ratio_spread_text(row)}; of median "
+                  f"steps {row['ratio_of_medians']:.3f}), memory "
                   f"{fmt_or_dash(row.get('memory_ratio'), '.3f')} (tensor bytes "
                   f"{fmt_or_dash(row.get('memory_ratio_requested'), '.4f')}), "
                   f"loss diff {row['loss']['max_abs_diff']:.4f}; in timed blocks, gc "

@@ -70,14 +70,15 @@ def format_table(rows: Sequence[dict]) -> list[str]:
     """A markdown table, one line per row."""
     lines = [
         "| model | mode | stock step ms | cutlass_nn step ms | ratio | round ratios p25-p75 | "
+        "ratio of median steps | "
         "tokens/s (cutlass_nn) | peak GiB stock / ours | memory ratio (tensor bytes) | "
         "host enqueue ms stock / "
-        "ours | max loss diff |", "|---|---|---|---|---|---|---|---|---|---|---|",
+        "ours | max loss diff |", "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.get("status") != "ok":
             lines.append(f"| {r['family']}-{r['size']} | {r['mode']} | {r['status'].upper()}: "
-                         f"{r.get('note', '')[:80]} | | | | | | | | |")
+                         f"{r.get('note', '')[:80]} | | | | | | | | | |")
             continue
         s, o = r["stock"], r["cutlass_nn"]
         peak = (
@@ -88,7 +89,7 @@ def format_table(rows: Sequence[dict]) -> list[str]:
         lines.append(
             f"| {r['family']}-{r['size']} (h{r['model']['hidden']}) | {r['mode']} | "
             f"{s['step_ms']:.2f} | {o['step_ms']:.2f} | **{r['ratio']:.3f}** | "
-            f"{ratio_spread_text(r)} | "
+            f"{ratio_spread_text(r)} | {s['step_ms'] / o['step_ms']:.3f} | "
             f"{o['tokens_per_s']:,.0f} | {peak} | {fmt_or_dash(r.get('memory_ratio'), '.3f')}"
             f"{memory_requested_text(r)} | "
             f"{s['enqueue_ms']:.2f} / {o['enqueue_ms']:.2f} | "
