@@ -193,8 +193,11 @@ def test_pdl_ab_side_runs_its_steps_with_pdl_off(monkeypatch):
     assert no_pdl["loss"]["agree"]
     # 2 warm-up steps (the first profiled) + 4 timed, each inside the switch set to False
     assert states == [False] * 6
-    assert row["pdl_speedup"] == pytest.approx(no_pdl["step_ms"] / row["cutlass_nn"]["step_ms"])
-    assert row["ratio_no_pdl"] == pytest.approx(row["stock"]["step_ms"] / no_pdl["step_ms"])
+    # paired per round, as the row's own ratio (two rounds: the mean of their two ratios)
+    rounds = [n / o for n, o in zip(no_pdl["block_step_ms"], row["cutlass_nn"]["block_step_ms"])]
+    assert row["pdl_speedup"] == pytest.approx(sum(rounds) / 2)
+    rounds = [s / n for s, n in zip(row["stock"]["block_step_ms"], no_pdl["block_step_ms"])]
+    assert row["ratio_no_pdl"] == pytest.approx(sum(rounds) / 2)
     assert bench_models.parse_args(["--pdl-ab"]).pdl_ab
 
 
@@ -426,7 +429,8 @@ def test_memory_reading_collects_garbage_first(monkeypatch):
         def __del__(self):
             live["bytes"] -= self.size
 
-    monkeypatch.setattr(bench_models, "_allocated_now", lambda device: (live["bytes"], live["bytes"]))
+    monkeypatch.setattr(bench_models, "_memory_with_workspaces",
+                        lambda device: (live["bytes"], live["bytes"]))
     kept = Block(4096)
     was_enabled = gc.isenabled()
     gc.disable()  # no automatic collection between making the garbage and the reading
@@ -440,3 +444,43 @@ def test_memory_reading_collects_garbage_first(monkeypatch):
         if was_enabled:
             gc.enable()
     del kept
+
+
+def test_transient_memory_keeps_the_largest_rise_of_each_reading():
+    """A block's rise is its peak over its start, per reading (allocated blocks, requested
+    bytes), and a side keeps the largest over its blocks, each reading on its own."""
+    rec = {"transient_bytes": 0, "transient_requested_bytes": 0}
+    bench_models._raise_transient(rec, peak=(5 << 20, 3 << 20), start=(1 << 20, 1 << 20))
+    assert rec == {"transient_bytes": 4 << 20, "transient_requested_bytes": 2 << 20}
+    # a later block rises more in requested bytes only: each reading keeps its own maximum
+    bench_models._raise_transient(rec, peak=(4 << 20, 4 << 20), start=(1 << 20, 1 << 20))
+    assert rec == {"transient_bytes": 4 << 20, "transient_requested_bytes": 3 << 20}
+
+
+def test_old_rows_are_read_with_the_paired_ratio():
+    """A row recorded before the ratio became the paired median keeps that ratio as
+    ratio_of_medians and takes its per-round median; a current row and a failed one are left
+    alone; peers and the PDL A/B are paired the same way."""
+    from cutlass_nn.bench.models_report import normalize_row, paired_step_ratio
+
+    old = {"status": "ok", "ratio": 0.976, "block_ratio": {"median": 1.078, "p25": 1.0, "p75": 1.1, "n": 8}}
+    new = normalize_row(old)
+    assert new["ratio"] == 1.078 and new["ratio_of_medians"] == 0.976 and old["ratio"] == 0.976
+    assert normalize_row(new) == new
+    older = {"status": "ok", "ratio": 0.98}  # no per-round spread kept
+    assert normalize_row(older) == dict(older, ratio_of_medians=0.98)
+    failed = {"status": "error", "note": "x"}
+    assert normalize_row(failed) is failed
+    a = {"step_ms": 10.0, "block_step_ms": [10.0, 14.0, 10.0]}
+    b = {"step_ms": 11.0, "block_step_ms": [9.0, 14.0, 12.0]}
+    assert paired_step_ratio(a, b) == pytest.approx(1.0)  # rounds: 1.11, 1.0, 0.83
+    assert paired_step_ratio({"step_ms": 10.0}, {"step_ms": 8.0}) == pytest.approx(1.25)
+    stock = dict(b, losses=[5.0, 4.0, 3.0])
+    peer = dict(a, losses=[5.0, 4.0, 3.0])
+    ours = {"step_ms": 10.0, "block_step_ms": [5.0, 14.0, 20.0]}
+    peers.finish(peer, stock, ours, bench_models.compare_losses, paired_step_ratio)
+    assert peer["ratio"] == pytest.approx(1.0) and peer["ratio_of_medians"] == pytest.approx(1.1)
+    assert peer["ours_vs_peer"] == pytest.approx(1.0)  # rounds: 2.0, 1.0, 0.5
+    assert peer["ours_vs_peer_of_medians"] == pytest.approx(1.0)
+    assert peer["loss"]["agree"]
+

@@ -32,8 +32,10 @@ block of one round, adjacent in time), its spread their interquartile range: the
 drifts by tens of percent over a host-bound run (both sides' blocks move together), and a
 paired ratio cancels what the two blocks of a round share, where the ratio of the sides'
 median step times (``ratio_of_medians``, also reported) compares blocks from different moments
-(2026-11-28, H200: bert-host eager 0.976 of medians, 1.078 paired, every round but one above
-1.02). Per block, what else ran in it (``block_probes``:
+(2026-11-28, H200: bert-host eager 0.976 of medians, 1.078 paired, both sides' blocks drifting
+from about 10 to 14 ms per step and back). Every ratio between sides (a peer's, the PDL A/B's)
+is taken the same way. ``--combine`` reads a row recorded before (its ``ratio`` the ratio of
+medians, no ``ratio_of_medians``) as a current one (``models_report.normalize_row``). Per block, what else ran in it (``block_probes``:
 garbage collections and their time, dynamo compilations, the slowest step's enqueue time).
 Peak memory of a side = what it keeps allocated after its warm-up (parameters, optimizer state,
 compiled graphs' memory; torch's cuBLAS workspaces excluded; read after a garbage collection) +
@@ -78,6 +80,8 @@ from cutlass_nn.bench.models_report import (  # noqa: F401 (targets: part of thi
     fmt_or_dash,
     format_table,
     format_targets,
+    normalize_row,
+    paired_step_ratio,
     plot,
     ratio_spread_text,
     targets,
@@ -220,19 +224,20 @@ def _memory_now(device) -> tuple[int, int]:
     """(allocated, requested) memory, read after freeing cyclic garbage (else a later side is
     credited it): the allocator's blocks, and the bytes their tensors asked for. The two differ
     by the allocator's rounding (a free block up to 1 MiB larger than asked is handed out whole),
-    which depends on what happened to be free, not on what a side keeps."""
+    which depends on what happened to be free, not on what a side keeps; every block is also
+    rounded up to a multiple of 512 bytes."""
     gc.collect()
-    return _allocated_now(device)
+    return _memory_with_workspaces(device)
 
 
-def _allocated_now(device) -> tuple[int, int]:
+def _memory_with_workspaces(device) -> tuple[int, int]:
     """(allocated, requested) memory with torch's per-thread cuBLAS workspaces present (charged
     to no side)."""
     if torch.device(device).type != "cuda":
         return 0, 0
     a = torch.ones(16, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
-    torch.addmm(a[0], a, a).sum().backward(), torch.cuda.synchronize()
-    stats = torch.cuda.memory_stats()
+    torch.addmm(a[0], a, a).sum().backward(), torch.cuda.synchronize(device)
+    stats = torch.cuda.memory_stats(device)
     return stats.get("allocated_bytes.all.current", 0), stats.get("requested_bytes.all.current", 0)
 
 
@@ -240,6 +245,13 @@ def _peak_since_reset(device) -> tuple[int, int]:
     """(allocated, requested) peaks since the last ``reset_peak_memory_stats``."""
     stats = torch.cuda.memory_stats(device)
     return stats.get("allocated_bytes.all.peak", 0), stats.get("requested_bytes.all.peak", 0)
+
+
+def _raise_transient(rec: dict[str, Any], peak: tuple[int, int], start: tuple[int, int]) -> None:
+    """Keeps in ``rec`` the largest rise of the (allocated, requested) peaks of a block over
+    their readings at its start."""
+    rec["transient_bytes"] = max(rec["transient_bytes"], peak[0] - start[0])
+    rec["transient_requested_bytes"] = max(rec["transient_requested_bytes"], peak[1] - start[1])
 
 
 def _ran_cutlass_ops(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, bool]:
@@ -309,7 +321,7 @@ def run_sides(
             _sync(device)
             start_alloc = _memory_now(device)
             if cuda:
-                torch.cuda.reset_peak_memory_stats()
+                torch.cuda.reset_peak_memory_stats(device)
             pending = []
             with BlockProbe() as probe:
                 start = time.perf_counter()
@@ -322,10 +334,7 @@ def run_sides(
             rec["block_probes"].append(dict(probe.summary(),
                                             max_enqueue_ms=max(rec["enqueue_all_ms"][-n:])))
             if cuda:
-                peak = _peak_since_reset(device)
-                rec["transient_bytes"] = max(rec["transient_bytes"], peak[0] - start_alloc[0])
-                rec["transient_requested_bytes"] = max(rec["transient_requested_bytes"],
-                                                       peak[1] - start_alloc[1])
+                _raise_transient(rec, _peak_since_reset(device), start_alloc)
             rec["losses"] += [float(x) for x in pending]
         done += n
         rounds += 1
@@ -469,8 +478,7 @@ def run_row(
         stock, ours = sides["stock"], sides["cutlass_nn"]
         row["ratio_of_medians"] = stock["step_ms"] / ours["step_ms"]
         row["block_ratio"] = paired_ratio_spread(stock["block_step_ms"], ours["block_step_ms"])
-        row["ratio"] = (row["block_ratio"]["median"] if row["block_ratio"]["n"]
-                        else row["ratio_of_medians"])
+        row["ratio"] = paired_step_ratio(stock, ours)
         tokens = row["tokens_per_step"]
         for side in sides.values():
             side["tokens_per_s"] = tokens / (side["step_ms"] / 1e3)
@@ -481,12 +489,12 @@ def run_row(
                                              / stock["peak_requested_bytes"])
         row["loss"] = compare_losses(stock["losses"], ours["losses"])
         if (no_pdl := sides.get(NO_PDL_SIDE)) is not None:
-            row["ratio_no_pdl"] = stock["step_ms"] / no_pdl["step_ms"]
-            row["pdl_speedup"] = no_pdl["step_ms"] / ours["step_ms"]
+            row["ratio_no_pdl"] = paired_step_ratio(stock, no_pdl)
+            row["pdl_speedup"] = paired_step_ratio(no_pdl, ours)
             no_pdl["loss"] = compare_losses(stock["losses"], no_pdl["losses"])
         for peer in peers.PEERS:
             if peer in sides:
-                peers.finish(sides[peer], stock, ours, compare_losses)
+                peers.finish(sides[peer], stock, ours, compare_losses, paired_step_ratio)
         row["status"] = "ok"
     except Exception as exc:  # one row's failure (out of memory, a compile error) is recorded
         row["note"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
@@ -578,7 +586,7 @@ def _write(path: Path, results: dict) -> None:
 
 def combine(paths: Sequence[Path], out_dir: Path) -> int:
     parts = [json.loads(Path(p).read_text()) for p in paths]
-    rows = [r for part in parts for r in part["rows"]]
+    rows = [normalize_row(r) for part in parts for r in part["rows"]]
     meta = dict(parts[0]["meta"], combined_from=[str(p) for p in paths],
                 commands=[part["meta"].get("command") for part in parts])
     results = {"mode": "models", "meta": meta, "rows": rows, "targets": targets(rows)}

@@ -9,9 +9,32 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cutlass_nn.bench.stats import paired_ratio_spread
+
 #: Losses agree when every timed step's |loss_converted - loss_stock| <= LOSS_RTOL * |loss_stock|
 #: (bfloat16 parameters: the two models round differently, and training drifts a little).
 LOSS_RTOL = 0.01
+
+
+def paired_step_ratio(num: dict, den: dict) -> float:
+    """``num``'s step time over ``den``'s as the row's ratios are taken: the median of the
+    per-round ratios of their blocks (block i of each side ran in the same round), or the ratio
+    of their median step times where they have no blocks in common."""
+    spread = paired_ratio_spread(num.get("block_step_ms", []), den.get("block_step_ms", []))
+    return spread["median"] if spread["n"] else num["step_ms"] / den["step_ms"]
+
+
+def normalize_row(row: dict) -> dict:
+    """A row of a run recorded before the ratio became the paired median (no
+    ``ratio_of_medians``: its ``ratio`` is the ratio of median step times), read as a current
+    one: ``ratio_of_medians`` = that ratio, ``ratio`` = the paired median where the row kept its
+    per-round spread. A current row is returned unchanged; so is a row that did not run."""
+    if row.get("status") != "ok" or "ratio_of_medians" in row:
+        return row
+    row = dict(row, ratio_of_medians=row["ratio"])
+    if (b := row.get("block_ratio")) and b.get("n"):
+        row["ratio"] = b["median"]
+    return row
 
 
 def targets(rows: Sequence[dict]) -> dict[str, Any]:
@@ -71,7 +94,7 @@ def format_table(rows: Sequence[dict]) -> list[str]:
     lines = [
         "| model | mode | stock step ms | cutlass_nn step ms | ratio | round ratios p25-p75 | "
         "ratio of median steps | "
-        "tokens/s (cutlass_nn) | peak GiB stock / ours | memory ratio (tensor bytes) | "
+        "tokens/s (cutlass_nn) | peak GiB stock / ours | memory ratio, blocks (tensor bytes) | "
         "host enqueue ms stock / "
         "ours | max loss diff |", "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -137,12 +160,13 @@ def plot(rows: Sequence[dict], path: Path, title: str) -> Path | None:
     ax1.set_yticks(y, labels)
     ax1.invert_yaxis()
     ax1.set_xlabel("step-time ratio (stock / cutlass_nn; > 1: cutlass_nn faster)")
-    mem = [r.get("memory_ratio") or 0 for r in ok]
+    # tensor bytes where the run read them (the allocator's rounding apart), else blocks
+    mem = [r.get("memory_ratio_requested") or r.get("memory_ratio") or 0 for r in ok]
     ax2.barh(y, mem, color=["tab:green" if m <= 1 else "tab:red" for m in mem])
     ax2.axvline(1.0, color="k", lw=1)
     ax2.set_yticks(y, [])
     ax2.invert_yaxis()
-    ax2.set_xlabel("peak memory ratio (cutlass_nn / stock; < 1: leaner)")
+    ax2.set_xlabel("peak memory ratio, tensor bytes where read (cutlass_nn / stock; < 1: leaner)")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

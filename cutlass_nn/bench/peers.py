@@ -90,12 +90,17 @@ def apply_torchao(model: nn.Module, scaling: str) -> nn.Module:
                                       config=Float8LinearConfig.from_recipe_name(scaling))
 
 
-def finish(side: dict[str, Any], stock: dict[str, Any], ours: dict[str, Any], compare) -> None:
+def finish(side: dict[str, Any], stock: dict[str, Any], ours: dict[str, Any], compare,
+           step_ratio) -> None:
     """The peer side's ratios: to stock (> 1: the peer faster) and ours to it (> 1: cutlass_nn
-    faster), its memory against stock, its loss agreement with stock."""
+    faster), each ``step_ratio(numerator side, denominator side)`` as the row's own ratio is
+    taken (with the ratios of median step times beside them, ``*_of_medians``), its memory
+    against stock, its loss agreement with stock."""
     side["status"] = "ok"
-    side["ratio"] = stock["step_ms"] / side["step_ms"]
-    side["ours_vs_peer"] = side["step_ms"] / ours["step_ms"]
+    side["ratio"] = step_ratio(stock, side)
+    side["ours_vs_peer"] = step_ratio(side, ours)
+    side["ratio_of_medians"] = stock["step_ms"] / side["step_ms"]
+    side["ours_vs_peer_of_medians"] = side["step_ms"] / ours["step_ms"]
     if "peak_bytes" in side and "peak_bytes" in stock:
         side["memory_ratio"] = side["peak_bytes"] / stock["peak_bytes"]
     if side.get("peak_requested_bytes") and stock.get("peak_requested_bytes"):
@@ -116,9 +121,11 @@ def format_peers(rows: Sequence[dict]) -> list[str]:
                 lines.append(f"{names[peer]}, {r['label']}: {side.get('status')} ({side.get('note', '')})")
                 continue
             memory = side.get("memory_ratio")
+            requested = side.get("memory_ratio_requested")
             lines.append(
                 f"{names[peer]}, {r['label']}: {side['step_ms']:.2f} ms, {side['ratio']:.3f}x stock, "
-                f"memory {'-' if memory is None else format(memory, '.3f')}x stock; cutlass_nn "
+                f"memory {'-' if memory is None else format(memory, '.3f')}x stock"
+                f"{'' if requested is None else f' (tensor bytes {requested:.3f}x)'}; cutlass_nn "
                 f"{side['ours_vs_peer']:.3f}x its speed; loss agrees with stock: {side['loss']['agree']}"
             )
     return lines
