@@ -20,7 +20,7 @@ leaves at 0 is CUTLASS's default, 1. One configuration timed twice in one sweep 
 percent (session 27: median 2.4%, p90 5.4%), so a single sweep's gap under ~5% is a lead, not
 evidence. Usage::
 
-    python3 scripts/rule_gaps.py [--min-gap 0.04] [--device h200] [--results DIR]
+    python3 scripts/rule_gaps.py [--min-gap 0.04] [--device h200] [--latest] [--results DIR]
     python3 scripts/rule_gaps.py --compare /path/to/other/csrc/kernels
 """
 
@@ -147,6 +147,18 @@ def load_groups(results: Path, device: str | None = None) -> dict[tuple, dict[st
     return groups
 
 
+def latest_only(groups: dict[tuple, dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    """Of the groups of one (device, op, shape), only the newest sweep's (the file names sort
+    by date and time)."""
+    newest: dict[tuple, tuple] = {}
+    for key, g in groups.items():
+        sweep, op, shape = key
+        ident = (g["device"], op, shape)
+        if ident not in newest or sweep > newest[ident][0]:
+            newest[ident] = key
+    return {key: groups[key] for key in newest.values()}
+
+
 def measured(rows: Sequence[dict[str, Any]], plan: Plan) -> tuple[float | None, str]:
     """The ratio a plan was measured at among a group's rows, and how it was found: a forced
     row of the same kernel and swizzle (and split count, for stream-K), the best if several;
@@ -235,10 +247,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--compare", type=Path, default=None, metavar="DIR",
                     help="another csrc/kernels tree: report the measured groups whose plan differs")
     ap.add_argument("--device", default=None, help="only sweeps whose device name contains this")
+    ap.add_argument("--latest", action="store_true",
+                    help="of each (device, op, shape), only the newest sweep's measurements")
     ap.add_argument("--min-gap", type=float, default=0.04,
                     help="report groups whose best measured ratio is this much ahead (0.04 = 4%%)")
     args = ap.parse_args(argv)
     groups = load_groups(args.results, args.device)
+    if args.latest:
+        groups = latest_only(groups)
     if not groups:
         print(f"rule_gaps: no usable sweep rows under {args.results}")
         return 1

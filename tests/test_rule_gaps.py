@@ -77,6 +77,17 @@ def test_gaps_and_comparison_on_hand_made_groups():
     assert rg.compare(groups, c1, c1) == []
 
 
+def test_latest_keeps_the_newest_sweep_of_each_device_op_and_shape():
+    g = lambda device: {"device": device, "sms": 132, "rows": []}  # noqa: E731
+    groups = {("sweep_a_20261126-1.json", "fwd", (1, 2, 3)): g("H100"),
+              ("sweep_a_20261127-1.json", "fwd", (1, 2, 3)): g("H100"),
+              ("sweep_b_20261122-1.json", "fwd", (1, 2, 3)): g("H200"),
+              ("sweep_a_20261126-1.json", "wgrad", (1, 2, 3)): g("H100")}
+    assert sorted(rg.latest_only(groups)) == [("sweep_a_20261126-1.json", "wgrad", (1, 2, 3)),
+                                              ("sweep_a_20261127-1.json", "fwd", (1, 2, 3)),
+                                              ("sweep_b_20261122-1.json", "fwd", (1, 2, 3))]
+
+
 def _cuda_include_present() -> bool:
     return any(b and (Path(b) / "include" / "cuda_runtime.h").is_file()
                for b in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"))
