@@ -87,20 +87,29 @@ def parse_plan(line: str) -> Plan:
     return Plan(kernel, max(int(swizzle), 1), int(splits) if "streamk" in kernel else None)
 
 
-def build_harness(kernels_dir: Path, out: Path) -> Path:
-    """Compiles the rule harness of ``kernels_dir`` (a ``csrc/kernels`` tree) to ``out``."""
+def host_toolchain() -> tuple[str, Path] | None:
+    """The host C++ compiler and the CUDA include folder the rule harness needs, or None."""
     cxx = shutil.which("g++") or shutil.which("c++")
     cuda = next((Path(b) / "include" for b in (os.environ.get("CUDA_HOME"), "/usr/local/cuda")
                  if b and (Path(b) / "include" / "cuda_runtime.h").is_file()), None)
-    if cxx is None or cuda is None:
-        raise SystemExit("rule_gaps: needs a host C++ compiler and the CUDA runtime header "
-                         "(set CUDA_HOME)")
+    return (cxx, cuda) if cxx is not None and cuda is not None else None
+
+
+def build_harness(kernels_dir: Path, out: Path) -> Path:
+    """Compiles the rule harness of ``kernels_dir`` (a ``csrc/kernels`` tree) to ``out``; raises
+    RuntimeError without a toolchain or when it does not compile (tests/test_gemm_rule.py builds
+    its harness here too)."""
+    toolchain = host_toolchain()
+    if toolchain is None:
+        raise RuntimeError("rule_gaps: needs a host C++ compiler and the CUDA runtime header "
+                           "(set CUDA_HOME)")
+    cxx, cuda = toolchain
     cmd = [cxx, "-std=c++17", "-O1", f"-I{kernels_dir}", f"-I{cuda}",
            str(kernels_dir / "tests" / "rule_harness.cpp"), "-o", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"rule_gaps: the harness of {kernels_dir} did not compile:\n"
-                         f"{done.stderr[-3000:]}")
+        raise RuntimeError(f"rule_gaps: the harness of {kernels_dir} did not compile:\n"
+                           f"{done.stderr[-3000:]}")
     return out
 
 
@@ -259,9 +268,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rule_gaps: no usable sweep rows under {args.results}")
         return 1
     with tempfile.TemporaryDirectory() as tmp:
-        base = all_plans(groups, harness_planner(build_harness(args.kernels, Path(tmp) / "base")))
-        if args.compare is not None:
-            other = all_plans(groups, harness_planner(build_harness(args.compare, Path(tmp) / "other")))
+        try:
+            base_exe = build_harness(args.kernels, Path(tmp) / "base")
+            other_exe = (None if args.compare is None
+                         else build_harness(args.compare, Path(tmp) / "other"))
+        except RuntimeError as exc:
+            raise SystemExit(str(exc)) from None
+        base = all_plans(groups, harness_planner(base_exe))
+        if other_exe is not None:
+            other = all_plans(groups, harness_planner(other_exe))
             rows = compare(groups, base, other)
             for r in rows:
                 delta = ("" if r["base_ratio"] is None or r["other_ratio"] is None

@@ -478,7 +478,7 @@ def test_old_rows_are_read_with_the_paired_ratio():
     stock = dict(b, losses=[5.0, 4.0, 3.0])
     peer = dict(a, losses=[5.0, 4.0, 3.0])
     ours = {"step_ms": 10.0, "block_step_ms": [5.0, 14.0, 20.0]}
-    peers.finish(peer, stock, ours, bench_models.compare_losses, paired_step_ratio)
+    peers.finish(peer, stock, ours, bench_models.compare_losses)
     assert peer["ratio"] == pytest.approx(1.0) and peer["ratio_of_medians"] == pytest.approx(1.1)
     assert peer["ours_vs_peer"] == pytest.approx(1.0)  # rounds: 2.0, 1.0, 0.5
     assert peer["ours_vs_peer_of_medians"] == pytest.approx(1.0)

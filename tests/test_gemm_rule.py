@@ -8,8 +8,7 @@ forward T x N x K, the dgrad T x K x N and the wgrad N x K x T."""
 
 from __future__ import annotations
 
-import os
-import shutil
+import importlib.util
 import subprocess
 from pathlib import Path
 from typing import NamedTuple
@@ -17,29 +16,19 @@ from typing import NamedTuple
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-HARNESS = ROOT / "csrc" / "kernels" / "tests" / "rule_harness.cpp"
+# The harness is compiled by scripts/rule_gaps.py's build_harness (one recipe for both).
+_spec = importlib.util.spec_from_file_location("rule_gaps", ROOT / "scripts" / "rule_gaps.py")
+rule_gaps = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(rule_gaps)
 SMS = 132  # H100 SXM / H200
-
-
-def _cuda_include() -> Path | None:
-    for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if base and (Path(base) / "include" / "cuda_runtime.h").is_file():
-            return Path(base) / "include"
-    return None
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory) -> Path:
-    cxx = shutil.which("g++") or shutil.which("c++")
-    include = _cuda_include()
-    if cxx is None or include is None:
+    if rule_gaps.host_toolchain() is None:
         pytest.skip("needs a host C++ compiler and the CUDA runtime header (CUDA_HOME)")
-    exe = tmp_path_factory.mktemp("rule") / "rule_harness"
-    cmd = [cxx, "-std=c++17", "-O1", f"-I{ROOT / 'csrc' / 'kernels'}", f"-I{include}",
-           str(HARNESS), "-o", str(exe)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return exe
+    return rule_gaps.build_harness(ROOT / "csrc" / "kernels",
+                                   tmp_path_factory.mktemp("rule") / "rule_harness")
 
 
 class Plan(NamedTuple):

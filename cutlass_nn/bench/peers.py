@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from torch import nn
 
 from cutlass_nn.bench.fp8 import recipe_of
+from cutlass_nn.bench.models_report import paired_step_ratio
 
 PEERS = ("liger", "torchao")
 _MODULES = {"liger": "liger_kernel.transformers", "torchao": "torchao.float8"}
@@ -90,15 +91,14 @@ def apply_torchao(model: nn.Module, scaling: str) -> nn.Module:
                                       config=Float8LinearConfig.from_recipe_name(scaling))
 
 
-def finish(side: dict[str, Any], stock: dict[str, Any], ours: dict[str, Any], compare,
-           step_ratio) -> None:
+def finish(side: dict[str, Any], stock: dict[str, Any], ours: dict[str, Any], compare) -> None:
     """The peer side's ratios: to stock (> 1: the peer faster) and ours to it (> 1: cutlass_nn
-    faster), each ``step_ratio(numerator side, denominator side)`` as the row's own ratio is
-    taken (with the ratios of median step times beside them, ``*_of_medians``), its memory
-    against stock, its loss agreement with stock."""
+    faster), each taken as the row's own ratio is (the paired median,
+    :func:`cutlass_nn.bench.models_report.paired_step_ratio`; the ratios of median step times
+    beside them, ``*_of_medians``), its memory against stock, its loss agreement with stock."""
     side["status"] = "ok"
-    side["ratio"] = step_ratio(stock, side)
-    side["ours_vs_peer"] = step_ratio(side, ours)
+    side["ratio"] = paired_step_ratio(stock, side)
+    side["ours_vs_peer"] = paired_step_ratio(side, ours)
     side["ratio_of_medians"] = stock["step_ms"] / side["step_ms"]
     side["ours_vs_peer_of_medians"] = side["step_ms"] / ours["step_ms"]
     if "peak_bytes" in side and "peak_bytes" in stock:
