@@ -126,3 +126,24 @@ def test_gemm_op_calls_reads_the_innermost_launching_events():
               types.SimpleNamespace(name="aten::linear", input_shapes=[[2, 3]], kernels=[]),
               types.SimpleNamespace(name="aten::mm", input_shapes=[[2, 3], [3, 4]], kernels=[])]
     assert sp.gemm_op_calls(events) == [("aten::mm", "[[2, 3], [3, 4]]", [("nvjet_x", 15.0)])]
+
+
+def test_host_ops_are_ranked_by_self_cpu_time_per_step():
+    ops = [("aten::mm", 300.0, 6), ("cudaLaunchKernel", 900.0, 30), ("aten::empty", 50.0, 10),
+           ("never_ran", 0.0, 0), ("aten::view", 10.0, 4)]
+    s = sp.summarize_host_ops(ops, steps=2, top=3)
+    assert [h["name"] for h in s] == ["cudaLaunchKernel", "aten::mm", "aten::empty"]
+    assert math.isclose(s[0]["self_cpu_ms_per_step"], 0.45)
+    assert s[0]["calls_per_step"] == 15.0 and math.isclose(s[0]["us_per_call"], 30.0)
+    assert [h["name"] for h in sp.summarize_host_ops(ops, steps=1, top=10)][-1] == "aten::view"
+
+
+def test_host_op_totals_reads_a_real_cpu_profile():
+    import torch
+
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            torch.mm(a, b)
+    totals = {name: (us, calls) for name, us, calls in sp.host_op_totals(prof)}
+    assert totals["aten::mm"][1] == 3 and totals["aten::mm"][0] > 0

@@ -10,7 +10,8 @@ reports for each side the GPU time per step of every kernel, summed into categor
 name (:data:`CATEGORIES`: GEMMs of cutlass_nn and of cuBLAS, FP8 quantization, attention, the
 optimizer, Inductor's Triton kernels, normalization, other elementwise work), the GPU time of
 each matrix-product operator by its input shapes (:data:`GEMM_OPS`; not in ``reduce-overhead``
-mode, whose graph replays record no operators), plus the host time of the step. JSON to
+mode, whose graph replays record no operators), plus the host time of the step and the host-side
+events that take it (self CPU time per event name: operators, Python ranges, CUDA runtime calls). JSON to
 ``--out``; a table on stdout.
 
 Usage::
@@ -117,6 +118,25 @@ def summarize_gemm_ops(ops: Sequence[tuple[str, str, Sequence[tuple[str, float]]
              "kernels": sorted(names[(op, shapes)])} for (op, shapes), us in ranked]
 
 
+def summarize_host_ops(ops: Sequence[tuple[str, float, int]], steps: int,
+                       top: int) -> list[dict[str, Any]]:
+    """``ops``: (name, self CPU microseconds, calls) of each host-side event name over ``steps``
+    steps (the profiler's ``key_averages()``). The ``top`` names by self CPU time per step, with
+    calls per step and microseconds per call: where a host-bound step's enqueue time goes (the
+    profiler adds its own cost to every event, so compare the two sides, not to the step time)."""
+    ranked = sorted((o for o in ops if o[2] > 0 and o[1] > 0), key=lambda o: -o[1])[:top]
+    return [{"name": name, "self_cpu_ms_per_step": us / steps / 1e3,
+             "calls_per_step": calls / steps, "us_per_call": us / calls}
+            for name, us, calls in ranked]
+
+
+def host_op_totals(prof) -> list[tuple[str, float, int]]:
+    """(name, self CPU microseconds, calls) per event name of CPU-side events (operators, Python
+    ranges and CUDA runtime calls) of a finished profile."""
+    return [(a.key, float(a.self_cpu_time_total), int(a.count))
+            for a in prof.key_averages() if a.device_type == torch.autograd.DeviceType.CPU]
+
+
 def gemm_op_calls(events) -> list[tuple[str, str, list[tuple[str, float]]]]:
     """(name, input shapes, kernels) of the profiler's operator events that launched kernels
     themselves (the innermost operator of each launch: a kernel is attached to one event)."""
@@ -185,6 +205,7 @@ def profile_side(model: torch.nn.Module, batches, steps: int, warmup: int, top: 
     out = summarize_kernels(kernels, steps, top)
     out["gemm_ops"] = summarize_gemm_ops(gemm_op_calls(prof.events()), steps, top)
     out["host_enqueue_ms_per_step"] = enqueue_s / steps * 1e3
+    out["host_ops"] = summarize_host_ops(host_op_totals(prof), steps, top)
     out["cutlass_nn_ops"] = sorted({e.name for e in prof.events() if e.name.startswith("cutlass_nn::")})
     return out
 
@@ -222,6 +243,10 @@ def main(argv: Sequence[str]) -> int:
             print(f"   {cat:26s} {ms:8.3f} ms")
         for k in r["top_kernels"]:
             print(f"   {k['ms_per_step']:8.3f} ms {k['calls_per_step']:6.1f}x  {k['name'][:110]}")
+        print("   host: self CPU time per step by event (profiled, so inflated; compare sides):")
+        for h in r["host_ops"]:
+            print(f"   {h['self_cpu_ms_per_step']:8.3f} ms {h['calls_per_step']:6.1f}x "
+                  f"{h['us_per_call']:8.1f} us  {h['name'][:90]}")
         print("   GEMM operators by input shapes:")
         for g in r["gemm_ops"]:
             print(f"   {g['ms_per_step']:8.3f} ms {g['calls_per_step']:6.1f}x {g['us_per_call']:8.1f} us  "
