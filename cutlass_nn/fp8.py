@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
-
+from cutlass_nn import _checks
 from cutlass_nn import fp8_reference as R
 from cutlass_nn import ops
 from cutlass_nn.fp8_reference import Fp8Recipe
@@ -259,7 +258,7 @@ class _Fp8Linear(torch.autograd.Function):
         return y.reshape(*x.shape[:-1], n)
 
     @staticmethod
-    @once_differentiable
+    @_checks.first_derivative_only("fp8.linear")
     def backward(ctx, grad_output):
         _drop_entry_after_backward()
         x2, weight, *scales = ctx.saved_tensors
@@ -373,7 +372,7 @@ class _Fp8GatedMlp(torch.autograd.Function):
         return y.reshape(*x.shape[:-1], down_w.shape[0])
 
     @staticmethod
-    @once_differentiable
+    @_checks.first_derivative_only("fp8.gated_mlp")
     def backward(ctx, grad_output):
         _drop_entry_after_backward()
         x2, gate_w, up_w, down_w, gate_up, *scales = ctx.saved_tensors
@@ -464,7 +463,8 @@ def linear(
     ``[*, in_features]``, ``weight`` ``[out_features, in_features]``, ``bias``
     ``[out_features]`` or None, ``recipe`` the scaling and gradient format. The output has
     ``input``'s dtype, or the autocast dtype inside ``torch.autocast``; gradients reach
-    ``input``, ``weight`` and ``bias`` (first order). The bias is rounded to the output dtype
+    ``input``, ``weight`` and ``bias`` (first order: a backward with ``create_graph=True``
+    raises a RuntimeError). The bias is rounded to the output dtype
     before it is added (as under autocast; the reference adds it in float32, so a float32 bias
     beside a 16-bit input differs from it by that rounding). On Hopper the GEMMs run on the FP8
     kernels for bfloat16 and float32 outputs; a float16 output (float16 inputs, or autocast to
@@ -502,7 +502,8 @@ def gated_mlp(
     product are one float computation rounded once (:func:`cutlass_nn.ops.gated_act`), and the
     backward recomputes them from the saved gate+up output instead of keeping the hidden
     activation. The output has ``input``'s dtype (the autocast dtype under ``torch.autocast``);
-    gradients reach every tensor argument (first order)."""
+    gradients reach every tensor argument (first order: a backward with ``create_graph=True``
+    raises a RuntimeError)."""
     _check("gated_mlp", input, gate_weight, gate_bias, recipe, ("gate_weight", "gate_bias"))
     for name, t in (("up_weight", up_weight), ("down_weight", down_weight)):
         if not isinstance(t, Tensor) or t.dtype != gate_weight.dtype or t.device != input.device:

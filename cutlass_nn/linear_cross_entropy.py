@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
-
+from cutlass_nn import _checks
 from cutlass_nn import ops
 from cutlass_nn.ops import _stat_dtype
 
@@ -306,7 +305,7 @@ def _scaled(grad: Tensor, factor: Tensor, in_place: bool) -> Tensor:
     return out
 
 
-@once_differentiable  # a second derivative through these gradients raises
+@_checks.first_derivative_only("linear_cross_entropy")  # no second derivative through it
 def _backward(ctx, grad_out, *_unused_output_grads):
     need_h, need_w, need_b = ctx.need
     dh = dw = db = None
@@ -374,7 +373,8 @@ def linear_cross_entropy(
     token's loss and gradients NaN (no device fault, no host synchronization). Under
     ``torch.autocast``, floating arguments other than float64 are cast to the autocast dtype
     first, as ``F.linear`` would, and the loss is returned in float32, as autocast runs
-    ``F.cross_entropy``. First derivatives only (no double backward).
+    ``F.cross_entropy``. First derivatives only: a backward with ``create_graph=True`` raises a
+    RuntimeError (no second derivative).
 
     With a ``transformers`` causal LM, take the hidden states of the base model and the head's
     weight, and shift the labels by one::

