@@ -178,6 +178,10 @@ class CutlassLinear(nn.Linear):
         """A ``CutlassLinear`` that shares ``linear``'s parameters (no copy), with an optional
         fused ``activation`` and ``precision`` / ``fp8_recipe`` (as in the constructor).
 
+        When ``linear`` is itself a ``CutlassLinear``, what it has of these is kept unless given:
+        ``activation=None`` keeps its activation (``"none"`` removes it), ``precision=None``
+        keeps its precision, and ``fp8_recipe=None`` its recipe (with ``precision="fp8"``).
+
         Training mode and forward hooks of ``linear`` are carried over, so swapping the module
         into a model changes nothing but the kernels that run (and, with ``activation``, adds
         the activation after the linear map).
@@ -187,6 +191,15 @@ class CutlassLinear(nn.Linear):
                 f"cutlass_nn.CutlassLinear.from_linear: argument 'linear' must be an nn.Linear, "
                 f"got {type(linear).__name__}"
             )
+        if isinstance(linear, CutlassLinear):
+            # the source's own computation, unless asked otherwise: a conversion that dropped
+            # its activation or FP8 precision would silently compute something else
+            if activation is None:
+                activation = linear.activation
+            if precision is None:
+                precision = linear.precision
+            if precision == linear.precision and fp8_recipe is None:
+                fp8_recipe = linear.fp8_recipe
         act = _check_activation("CutlassLinear.from_linear", activation)
         recipe = _check_precision("CutlassLinear.from_linear", precision, fp8_recipe)
         layer = cls.__new__(cls)
@@ -615,11 +628,13 @@ class GatedMLP(nn.Module):
             mlp: the module to convert. Its gate and up Parameters are re-laid-out into one
                 buffer (same values, same Parameter objects), which ``mlp`` itself then uses too.
             activation: one of ``"silu"``, ``"gelu"``, ``"gelu_tanh"``; None (default) reads it
-                from ``mlp.act_fn``: ``nn.SiLU`` / ``F.silu`` / transformers' ``SiLUActivation``
+                from a ``GatedMLP``'s ``activation``, else from ``mlp.act_fn``: ``nn.SiLU`` / ``F.silu`` / transformers' ``SiLUActivation``
                 -> ``"silu"``; ``nn.GELU()`` / ``F.gelu`` / ``GELUActivation`` -> ``"gelu"``;
                 ``nn.GELU(approximate="tanh")`` / ``GELUTanh`` (``PytorchGELUTanh``) /
                 ``NewGELUActivation`` -> ``"gelu_tanh"``.
             precision, fp8_recipe: as in the constructor (the projections become FP8 layers).
+                None keeps what the projections have: ``CutlassLinear`` projections in FP8 stay
+                in FP8 with their recipe (see :meth:`CutlassLinear.from_linear`).
 
         Training mode and the hooks of ``mlp`` (and of its projections) are carried over.
 
@@ -631,7 +646,7 @@ class GatedMLP(nn.Module):
         where = "GatedMLP.from_module"
         if activation is not None:
             act = _check_gated_activation(where, activation)
-        recipe = _check_precision(where, precision, fp8_recipe)
+        _check_precision(where, precision, fp8_recipe)
         if not isinstance(mlp, nn.Module):
             raise TypeError(
                 f"cutlass_nn.{where}: argument 'mlp' must be an nn.Module, got "
@@ -640,7 +655,9 @@ class GatedMLP(nn.Module):
         problem = _gated_mlp_problem(mlp)
         if problem is not None:
             raise TypeError(f"cutlass_nn.{where}: argument 'mlp' {problem}")
-        if activation is None:
+        if activation is None and isinstance(mlp, GatedMLP):
+            act = mlp.activation
+        elif activation is None:
             act_fn = getattr(mlp, "act_fn", None)
             act = _gated_activation_of(act_fn)
             if act is None:
@@ -656,8 +673,9 @@ class GatedMLP(nn.Module):
         layer.intermediate_size = mlp.gate_proj.out_features
         layer.activation = act
         for name in ("gate_proj", "up_proj", "down_proj"):
+            # the caller's fp8_recipe as given: None keeps an FP8 projection's own recipe
             setattr(layer, name, CutlassLinear.from_linear(getattr(mlp, name), precision=precision,
-                                                           fp8_recipe=recipe))
+                                                           fp8_recipe=fp8_recipe))
         # only the module's own flag: each projection keeps its mode (from_linear copied it)
         layer.training = mlp.training
         _copy_hooks(mlp, layer)

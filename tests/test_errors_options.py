@@ -77,3 +77,62 @@ def test_second_derivative_raises(make, where):
     loss, x, w = make()
     gx, gw = torch.autograd.grad(loss, (x, w))
     assert gx.shape == x.shape and gw.shape == w.shape
+
+
+# ---- 2. conversions of cutlass_nn modules keep what they compute --------------------------------
+
+ROWWISE = fp8.Fp8Recipe(scaling="rowwise")
+
+
+def test_from_linear_of_a_cutlass_linear_keeps_activation_and_precision():
+    """Before: the activation and the FP8 precision were dropped (another function, silently)."""
+    torch.manual_seed(0)
+    src = cutlass_nn.CutlassLinear(16, 16, activation="relu", precision="fp8", fp8_recipe=ROWWISE)
+    x = r(4, 16)
+    layer = cutlass_nn.CutlassLinear.from_linear(src)
+    assert (layer.activation, layer.precision, layer.fp8_recipe) == ("relu", "fp8", ROWWISE)
+    assert layer.weight is src.weight and torch.equal(layer(x), src(x))
+    # what is given still wins: "none" removes the activation, a recipe replaces the recipe
+    plain = cutlass_nn.CutlassLinear.from_linear(src, activation="none", fp8_recipe=fp8.Fp8Recipe())
+    assert (plain.activation, plain.precision, plain.fp8_recipe) == (None, "fp8", fp8.Fp8Recipe())
+    gelu = cutlass_nn.CutlassLinear.from_linear(cutlass_nn.CutlassLinear(4, 4), activation="gelu",
+                                                 precision="fp8")
+    assert (gelu.activation, gelu.precision, gelu.fp8_recipe) == ("gelu", "fp8", fp8.Fp8Recipe())
+    # an nn.Linear source: as before
+    assert cutlass_nn.CutlassLinear.from_linear(nn.Linear(4, 4)).precision is None
+
+
+class _LlamaLikeMLP(nn.Module):
+    def __init__(self, proj):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = proj(16, 32), proj(16, 32), proj(32, 16)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: cutlass_nn.GatedMLP(16, 32, precision="fp8", fp8_recipe=ROWWISE),
+        lambda: _LlamaLikeMLP(lambda i, o: cutlass_nn.CutlassLinear(i, o, precision="fp8",
+                                                                    fp8_recipe=ROWWISE)),
+    ],
+    ids=["GatedMLP", "fp8-projections"],
+)
+def test_gated_mlp_from_module_keeps_fp8(make):
+    """Before: the projections of the result were not FP8 any more (and a GatedMLP source
+    needed its activation spelled out)."""
+    torch.manual_seed(0)
+    src = make()
+    x = r(4, 16)
+    want = src(x)
+    mlp = cutlass_nn.GatedMLP.from_module(src)
+    for proj in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+        assert (proj.precision, proj.fp8_recipe) == ("fp8", ROWWISE)
+    assert mlp.activation == "silu"
+    torch.testing.assert_close(mlp(x), want)
+    # a recipe given still wins
+    tensorwise = cutlass_nn.GatedMLP.from_module(src, precision="fp8", fp8_recipe=fp8.Fp8Recipe())
+    assert tensorwise.down_proj.fp8_recipe == fp8.Fp8Recipe()
