@@ -136,3 +136,47 @@ def test_gated_mlp_from_module_keeps_fp8(make):
     # a recipe given still wins
     tensorwise = cutlass_nn.GatedMLP.from_module(src, precision="fp8", fp8_recipe=fp8.Fp8Recipe())
     assert tensorwise.down_proj.fp8_recipe == fp8.Fp8Recipe()
+
+
+# ---- 3. autotune files: a malformed entry loses nothing else -----------------------------------
+
+
+def _tuned_row(**overrides) -> dict:
+    row = {
+        "device_name": "no such GPU", "multiprocessors": 7, "m": 4096, "n": 256, "k": 1024,
+        "layout_a": "row", "layout_b": "col", "dtype": "bfloat16", "out_dtype": "bfloat16",
+        "bias": True, "accumulate": False, "config": 6, "swizzle": 0, "splits": 0,
+        "transposed": True, "rule_config": 7, "rule_swizzle": 0, "rule_splits": 0,
+        "rule_transposed": True, "candidates": 12, "best_us": 10.5, "rule_us": 12.0,
+    }  # fmt: skip
+    row.update(overrides)
+    return row
+
+
+def test_save_keeps_the_good_entries_of_a_file_with_a_malformed_one(tmp_path, empty_autotune_table):
+    """Before: one malformed entry made save() drop every entry of the file."""
+    import json
+
+    path = tmp_path / "t.json"
+    good = [_tuned_row(), _tuned_row(m=8192)]
+    bad = _tuned_row(m="many")
+    path.write_text(json.dumps({"format": cutlass_nn.autotune.FILE_FORMAT,
+                                "entries": [good[0], bad, good[1]]}))
+    with pytest.warns(UserWarning, match=E("cutlass_nn.autotune.save: ") + ".*1 malformed entry "
+                      "left out.*entry 1 .*\"many\".*field 'm' must be int"):
+        cutlass_nn.autotune.save(path)
+    assert json.loads(path.read_text())["entries"] == good
+    assert cutlass_nn.autotune.load(path) == 0  # loadable again (no GPU: nothing added)
+
+
+@pytest.mark.parametrize("text", ['{"not": "an autotune file"}', "not JSON", "[1, 2]",
+                                  '{"format": "cutlass_nn.autotune/1", "entries": 3}'])
+def test_save_does_not_overwrite_another_file(tmp_path, empty_autotune_table, text):
+    """Before: a file that was not an autotune file was silently replaced."""
+    path = tmp_path / "other.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=E(f"cutlass_nn.autotune.save: {path} is not a cutlass_nn "
+                                           "autotune file") + ".*it is not overwritten"):
+        cutlass_nn.autotune.save(path)
+    assert path.read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.json"]  # no temporary left
