@@ -17,6 +17,7 @@ from torch import Tensor
 
 #: the range of a C++ int64_t (a ``SymInt`` / ``int`` argument of an operator schema)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT64_TEXT = "an int in [-2^63, 2^63)"
 
 
 def given(value) -> str:
@@ -52,22 +53,26 @@ def check_bool(where: str, name: str, value) -> bool:
 
 
 def check_int(where: str, name: str, value, minimum: int | None = None,
-              maximum: int | None = None) -> int:
+              maximum: int | None = None, expected: str | None = None) -> int:
     """``value`` as an int: an integer that is not a bool (``operator.index``: Python and NumPy
-    integers), in ``[minimum, maximum]``; else a TypeError (type) or ValueError (range)."""
-    if isinstance(value, bool):
-        raise fail(TypeError, where, name, "an int (not a bool)", given(value))
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise fail(TypeError, where, name, "an int", given(value)) from None
-    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
-        if maximum is None:
+    integers), in ``[minimum, maximum]``; else a TypeError (type) or ValueError (range).
+    ``expected``: the message's description of a valid value (default: from the range)."""
+    if expected is None:
+        if minimum is None and maximum is None:
+            expected = "an int"
+        elif maximum is None:
             expected = f"an int >= {minimum}"
         elif minimum is None:
             expected = f"an int <= {maximum}"
         else:
             expected = f"an int in [{minimum}, {maximum}]"
+    if isinstance(value, bool):
+        raise fail(TypeError, where, name, f"{expected} (not a bool)", given(value))
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise fail(TypeError, where, name, expected, given(value)) from None
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
         raise fail(ValueError, where, name, expected, str(number))
     return number
 

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from cutlass_nn import _checks
 from cutlass_nn import autotune
 from cutlass_nn import fp8
 from cutlass_nn.fp8_reference import Fp8Recipe
@@ -152,8 +153,9 @@ def convert(
         ``module`` (converted in place), or the new root module.
 
     Raises:
-        TypeError: ``module`` is not an ``nn.Module``, ``filter_fn`` is not callable, or
-            ``fp8_recipe`` is not an ``Fp8Recipe`` (nothing is changed).
+        TypeError: ``module`` is not an ``nn.Module``, ``filter_fn`` is not callable, a
+            ``fuse_*`` flag is not a bool, or ``fp8_recipe`` is not an ``Fp8Recipe`` (nothing is
+            changed).
         ValueError: ``precision`` is not None or ``"fp8"``, or ``fp8_recipe`` without
             ``precision="fp8"`` (nothing is changed).
 
@@ -171,6 +173,9 @@ def convert(
             "cutlass_nn.convert: argument 'filter_fn' must be None or a callable "
             f"filter_fn(name, module) -> bool, got {type(filter_fn).__qualname__}"
         )
+    for name, flag in (("fuse_norm", fuse_norm), ("fuse_mlp", fuse_mlp),
+                       ("fuse_head", fuse_head), ("fuse_rope", fuse_rope)):
+        _checks.check_bool("convert", name, flag)  # bool("no") would be True
     recipe = _check_precision("convert", precision, fp8_recipe)
     fp8_layers: list[str] = []
     kept_layers: list[str] = []

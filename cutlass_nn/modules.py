@@ -7,6 +7,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from cutlass_nn import _checks
 from cutlass_nn import fp8 as _fp8
 from cutlass_nn import functional as F
 from cutlass_nn.fp8_reference import Fp8Recipe
@@ -143,6 +144,8 @@ class CutlassLinear(nn.Linear):
         fp8_recipe: Fp8Recipe | None = None,
     ) -> None:
         # validated first: a bad value fails before any parameter is allocated
+        in_features = _checks.check_size("CutlassLinear", "in_features", in_features)
+        out_features = _checks.check_size("CutlassLinear", "out_features", out_features)
         act = _check_activation("CutlassLinear", activation)
         recipe = _check_precision("CutlassLinear", precision, fp8_recipe)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
@@ -319,8 +322,14 @@ class AddRMSNorm(nn.Module):
     """
 
     def __init__(self, hidden_size: int, eps: float | None = 1e-6, device=None, dtype=None):
+        hidden_size = _checks.check_size("AddRMSNorm", "hidden_size", hidden_size)
+        if eps is not None:
+            eps = _checks.check_real("AddRMSNorm", "eps", eps)
+            if not (eps >= 0 and eps != float("inf")):
+                raise _checks.fail(ValueError, "AddRMSNorm", "eps",
+                                   "None or a finite number >= 0", repr(eps))
         super().__init__()
-        self.hidden_size = int(hidden_size)
+        self.hidden_size = hidden_size
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(self.hidden_size, device=device, dtype=dtype))
 
@@ -528,11 +537,13 @@ class GatedMLP(nn.Module):
         fp8_recipe: Fp8Recipe | None = None,
     ) -> None:
         # validated first: a bad value fails before any parameter is allocated
+        hidden_size = _checks.check_size("GatedMLP", "hidden_size", hidden_size)
+        intermediate_size = _checks.check_size("GatedMLP", "intermediate_size", intermediate_size)
         act = _check_gated_activation("GatedMLP", activation)
         recipe = _check_precision("GatedMLP", precision, fp8_recipe)
         super().__init__()
-        self.hidden_size = int(hidden_size)
-        self.intermediate_size = int(intermediate_size)
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
         self.activation = act
         # Created in LlamaMLP's order with nn.Linear's initialization: under the same seed the
         # weights are those of the transformers module.
@@ -703,18 +714,14 @@ class LinearCrossEntropyLoss(nn.Module):
         label_smoothing: float = 0.0,
         chunk_size: int | None = None,
     ) -> None:
-        super().__init__()
-        from cutlass_nn.linear_cross_entropy import REDUCTIONS
+        from cutlass_nn.linear_cross_entropy import _check_options
 
-        if reduction not in REDUCTIONS:
-            raise ValueError(
-                "cutlass_nn.LinearCrossEntropyLoss: argument 'reduction' must be one of "
-                f"{', '.join(map(repr, REDUCTIONS))}, got {reduction!r}"
-            )
-        self.ignore_index = int(ignore_index)
-        self.reduction = reduction
-        self.label_smoothing = float(label_smoothing)
-        self.chunk_size = chunk_size
+        # checked here as the function checks them: a bad value fails at construction, not at
+        # the first training step
+        options = _check_options("LinearCrossEntropyLoss", ignore_index, reduction,
+                                 label_smoothing, chunk_size)
+        super().__init__()
+        self.ignore_index, self.reduction, self.label_smoothing, self.chunk_size = options
 
     def forward(
         self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None

@@ -180,3 +180,147 @@ def test_save_does_not_overwrite_another_file(tmp_path, empty_autotune_table, te
         cutlass_nn.autotune.save(path)
     assert path.read_text() == text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.json"]  # no temporary left
+
+
+# ---- 4, 5, 8, 11. wrong-typed or out-of-range options ------------------------------------------
+
+ops = cutlass_nn.ops
+lce = cutlass_nn.functional.linear_cross_entropy
+BOOL = "must be a bool (True or False), got "
+INT64 = "must be an int in [-2^63, 2^63), got "
+
+
+def _lce(**kwargs):
+    return lce(r(3, 8), r(10, 8), torch.tensor([1, 4, 9]), **kwargs)
+
+
+OPTION_CASES = [
+    # bools that truthiness would have taken ("no" and "False" are true)
+    ("fp8_quantize transpose", lambda: ops.fp8_quantize(r(4, 16), "e4m3", "tensor", "no"),
+     TypeError, "cutlass_nn.fp8_quantize: argument 'transpose' " + BOOL + "'no' (str)"),
+    ("fp8_cast transpose", lambda: ops.fp8_cast(r(4, 16), torch.tensor(1.0), "e4m3", "False"),
+     TypeError, "cutlass_nn.fp8_cast: argument 'transpose' " + BOOL + "'False' (str)"),
+    ("fp8_scaled_mm use_fast_accum",
+     lambda: ops.fp8_scaled_mm(*ops.fp8_quantize(r(4, 16)), *ops.fp8_quantize(r(16, 8)), None,
+                               torch.float32, 1),
+     TypeError, "cutlass_nn.fp8_scaled_mm: argument 'use_fast_accum' " + BOOL + "1 (int)"),
+    ("cross_entropy_rows_ write_grad",
+     lambda: ops.cross_entropy_rows_(r(3, 10), torch.tensor([1, 2, 3]), write_grad="no"),
+     TypeError, "cutlass_nn.cross_entropy_rows_: argument 'write_grad' " + BOOL + "'no' (str)"),
+    ("cross_entropy_rows_ ignore_index",
+     lambda: ops.cross_entropy_rows_(r(3, 10), torch.tensor([1, 2, 3]), ignore_index=1.5),
+     TypeError, "cutlass_nn.cross_entropy_rows_: argument 'ignore_index' " + INT64 + "1.5 (float)"),
+    ("convert fuse_norm", lambda: cutlass_nn.convert(nn.Linear(4, 4), fuse_norm="no"),
+     TypeError, "cutlass_nn.convert: argument 'fuse_norm' " + BOOL + "'no' (str)"),
+    ("convert fuse_rope", lambda: cutlass_nn.convert(nn.Linear(4, 4), fuse_rope=None),
+     TypeError, "cutlass_nn.convert: argument 'fuse_rope' " + BOOL + "None (NoneType)"),
+    ("tune backward", lambda: cutlass_nn.autotune.tune(nn.Linear(4, 4), r(2, 4), backward="no"),
+     TypeError, "cutlass_nn.autotune.tune: argument 'backward' " + BOOL + "'no' (str)"),
+    # eps strings that float() would have parsed
+    ("AddRMSNorm eps str", lambda: cutlass_nn.AddRMSNorm(4, eps="3.0"), TypeError,
+     "cutlass_nn.AddRMSNorm: argument 'eps' must be a real number, got '3.0' (str)"),
+    ("AddRMSNorm eps negative", lambda: cutlass_nn.AddRMSNorm(4, eps=-1), ValueError,
+     "cutlass_nn.AddRMSNorm: argument 'eps' must be None or a finite number >= 0, got -1.0"),
+    # sizes: no floats truncated by int(), no bools
+    ("GatedMLP float size", lambda: cutlass_nn.GatedMLP(4.9, 6), TypeError,
+     "cutlass_nn.GatedMLP: argument 'hidden_size' must be an int >= 0, got 4.9 (float)"),
+    ("GatedMLP bool size", lambda: cutlass_nn.GatedMLP(4, True), TypeError,
+     "cutlass_nn.GatedMLP: argument 'intermediate_size' must be an int >= 0 (not a bool), got True (bool)"),
+    ("AddRMSNorm float size", lambda: cutlass_nn.AddRMSNorm(4.9), TypeError,
+     "cutlass_nn.AddRMSNorm: argument 'hidden_size' must be an int >= 0, got 4.9 (float)"),
+    ("CutlassLinear bool size", lambda: cutlass_nn.CutlassLinear(True, 4), TypeError,
+     "cutlass_nn.CutlassLinear: argument 'in_features' must be an int >= 0 (not a bool), got True (bool)"),
+    ("CutlassLinear negative size", lambda: cutlass_nn.CutlassLinear(4, -2), ValueError,
+     "cutlass_nn.CutlassLinear: argument 'out_features' must be an int >= 0, got -2"),
+    # linear_cross_entropy / LinearCrossEntropyLoss
+    ("lce ignore_index float", lambda: _lce(ignore_index=1.5), TypeError,
+     "cutlass_nn.linear_cross_entropy: argument 'ignore_index' " + INT64 + "1.5 (float)"),
+    ("lce ignore_index None", lambda: _lce(ignore_index=None), TypeError,
+     "cutlass_nn.linear_cross_entropy: argument 'ignore_index' " + INT64 + "None (NoneType)"),
+    ("lce ignore_index 2**70", lambda: _lce(ignore_index=2**70), ValueError,
+     "cutlass_nn.linear_cross_entropy: argument 'ignore_index' " + INT64 + str(2**70)),
+    ("lce label_smoothing str", lambda: _lce(label_smoothing="0.1x"), TypeError,
+     "cutlass_nn.linear_cross_entropy: argument 'label_smoothing' must be a real number, got '0.1x' (str)"),
+    ("lce label_smoothing None", lambda: _lce(label_smoothing=None), TypeError,
+     "cutlass_nn.linear_cross_entropy: argument 'label_smoothing' must be a real number, got None (NoneType)"),
+    ("lce chunk_size bool", lambda: _lce(chunk_size=True), TypeError,
+     "cutlass_nn.linear_cross_entropy: argument 'chunk_size' must be None or a positive int (not a bool), got True (bool)"),
+    ("lce vocab 0", lambda: lce(r(3, 8), r(0, 8), torch.tensor([0, 0, 0])), ValueError,
+     "cutlass_nn.linear_cross_entropy: argument 'weight' must have at least one row (vocab >= 1), got shape [0, 8]"),
+    ("loss label_smoothing 2.0", lambda: cutlass_nn.LinearCrossEntropyLoss(label_smoothing=2.0),
+     ValueError, "cutlass_nn.LinearCrossEntropyLoss: argument 'label_smoothing' must be in [0, 1], got 2.0"),
+    ("loss label_smoothing str", lambda: cutlass_nn.LinearCrossEntropyLoss(label_smoothing="0.1"),
+     TypeError, "cutlass_nn.LinearCrossEntropyLoss: argument 'label_smoothing' must be a real number, got '0.1' (str)"),
+    ("loss chunk_size -1", lambda: cutlass_nn.LinearCrossEntropyLoss(chunk_size=-1), ValueError,
+     "cutlass_nn.LinearCrossEntropyLoss: argument 'chunk_size' must be None or a positive int, got -1"),
+    ("loss ignore_index float", lambda: cutlass_nn.LinearCrossEntropyLoss(ignore_index=1.5),
+     TypeError, "cutlass_nn.LinearCrossEntropyLoss: argument 'ignore_index' " + INT64 + "1.5 (float)"),
+    ("loss reduction", lambda: cutlass_nn.LinearCrossEntropyLoss(reduction="avg"), ValueError,
+     "cutlass_nn.LinearCrossEntropyLoss: argument 'reduction' must be one of 'mean', 'sum', 'none', got 'avg'"),
+    # 5. fp8 biases of a non-float dtype
+    ("fp8.linear bool bias", lambda: fp8.linear(r(4, 16), r(8, 16), torch.ones(8, dtype=torch.bool)),
+     TypeError, "cutlass_nn.fp8.linear: argument 'bias' must be None or a floating tensor (float16, "
+     "bfloat16, float32 or float64), got a torch.bool tensor"),
+    ("fp8.linear int bias", lambda: fp8.linear(r(4, 16), r(8, 16), torch.ones(8, dtype=torch.int64)),
+     TypeError, "cutlass_nn.fp8.linear: argument 'bias' must be None or a floating tensor (float16, "
+     "bfloat16, float32 or float64), got a torch.int64 tensor"),
+    ("fp8.linear complex bias", lambda: fp8.linear(r(4, 16), r(8, 16), r(8, dtype=torch.complex64)),
+     TypeError, "cutlass_nn.fp8.linear: argument 'bias' must be None or a floating tensor (float16, "
+     "bfloat16, float32 or float64), got a torch.complex64 tensor"),
+    ("fp8.gated_mlp int down_bias",
+     lambda: fp8.gated_mlp(r(4, 16), r(32, 16), r(32, 16), r(16, 32),
+                           down_bias=torch.ones(16, dtype=torch.int32)),
+     TypeError, "cutlass_nn.fp8.gated_mlp: argument 'down_bias' must be None or a floating tensor"),
+    # 11. the small helpers
+    ("fp8.eligible str", lambda: fp8.eligible("1024", 1024), TypeError,
+     "cutlass_nn.fp8.eligible: argument 'in_features' must be an int, got '1024' (str)"),
+    ("fp8.eligible float", lambda: fp8.eligible(1024, 1024.0), TypeError,
+     "cutlass_nn.fp8.eligible: argument 'out_features' must be an int, got 1024.0 (float)"),
+    ("fused_rotary.is_fused None", lambda: cutlass_nn.fused_rotary.is_fused(None), TypeError,
+     "cutlass_nn.fused_rotary.is_fused: argument 'attention' must be an nn.Module, got None (NoneType)"),
+    ("fused_decoder.is_fused None", lambda: cutlass_nn.fused_decoder.is_fused(None), TypeError,
+     "cutlass_nn.fused_decoder.is_fused: argument 'layer' must be an nn.Module, got None (NoneType)"),
+    ("autotune.load None", lambda: cutlass_nn.autotune.load(None), TypeError,
+     "cutlass_nn.autotune.load: argument 'path' must be a str or os.PathLike, got None (NoneType)"),
+    ("autotune.save None", lambda: cutlass_nn.autotune.save(None), TypeError,
+     "cutlass_nn.autotune.save: argument 'path' must be a str or os.PathLike, got None (NoneType)"),
+    ("autotune.report int", lambda: cutlass_nn.autotune.report(3), TypeError,
+     "cutlass_nn.autotune.report: argument 'items' must be None or a sequence of "
+     "cutlass_nn.autotune.TunedGemm, got 3 (int)"),
+    ("autotune.report element", lambda: cutlass_nn.autotune.report([3]), TypeError,
+     "cutlass_nn.autotune.report: argument 'items' must be None or a sequence of "
+     "cutlass_nn.autotune.TunedGemm, got a int at index 0"),
+]
+
+
+@pytest.mark.parametrize("fn,exc,match", [pytest.param(*c[1:], id=c[0]) for c in OPTION_CASES])
+def test_option_error(fn, exc, match):
+    with pytest.raises(exc, match="^" + E(match)):
+        fn()
+
+
+def test_refused_options_change_nothing():
+    """The process-wide switches keep their setting, and convert leaves the model alone."""
+    previous = fp8.reuse_quantized_inputs(True)
+    try:
+        with pytest.raises(TypeError, match=E("cutlass_nn.fp8.reuse_quantized_inputs: argument "
+                                              "'enabled' " + BOOL + "'no' (str)")):
+            fp8.reuse_quantized_inputs("no")
+        assert fp8.reuse_quantized_inputs(False) is True  # still on
+    finally:
+        fp8.reuse_quantized_inputs(previous)
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(TypeError, match="argument 'fuse_mlp'"):
+        cutlass_nn.convert(model, fuse_mlp="False")
+    assert type(model[0]) is nn.Linear
+
+
+def test_linear_cross_entropy_on_meta_tensors():
+    """Before: the autocast query raised a RuntimeError naming neither the function nor the
+    device (meta has no autocast), even with autocast off."""
+    h, w = torch.empty(4, 8, device="meta"), torch.empty(10, 8, device="meta")
+    t = torch.empty(4, dtype=torch.long, device="meta")
+    assert lce(h, w, t).device.type == "meta"
+    with torch.autocast("cpu"):
+        out = lce(h, w, t)
+    assert out.device.type == "meta" and out.shape == ()
