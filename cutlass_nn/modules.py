@@ -153,14 +153,19 @@ class CutlassLinear(nn.Linear):
         self.precision, self.fp8_recipe = precision, recipe
 
     def forward(self, input: Tensor) -> Tensor:
-        if self.precision == "fp8":
-            y = _fp8.linear(input, self.weight, self.bias, self.fp8_recipe)
-            return y if self.activation is None else _TORCH_ACTS[self.activation](y)
-        # One operator call (autocast, autograd and the kernel run in C++); with an activation,
-        # linear_act, whose autograd kernel keeps the pre-activation when it is needed.
-        if self.activation is None:
-            return F._plain_linear(input, self.weight, self.bias)
-        return _linear_act(input, self.weight, self.bias, self.activation)
+        try:
+            if self.precision == "fp8":
+                y = _fp8.linear(input, self.weight, self.bias, self.fp8_recipe)
+                return y if self.activation is None else _TORCH_ACTS[self.activation](y)
+            # One operator call (autocast, autograd and the kernel run in C++); with an
+            # activation, linear_act, whose autograd kernel keeps the pre-activation when it is
+            # needed.
+            if self.activation is None:
+                return F._plain_linear(input, self.weight, self.bias)
+            return _linear_act(input, self.weight, self.bias, self.activation)
+        except Exception:  # as in functional.linear: a non-tensor named after a failure only
+            _checks.check_tensors("CutlassLinear.forward", {"input": input})
+            raise
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
@@ -223,7 +228,11 @@ class Add2(nn.Module):
     cutlass_nn kernels)."""
 
     def forward(self, a: Tensor, b: Tensor) -> Tensor:
-        return _add2(a, b)
+        try:
+            return _add2(a, b)
+        except Exception:  # as in functional.add2
+            _checks.check_tensors("Add2.forward", {"a": a, "b": b})
+            raise
 
 
 

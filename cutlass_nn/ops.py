@@ -54,7 +54,11 @@ def linear_wgrad_accumulate_(grad_weight: Tensor, grad_output: Tensor, input: Te
 
 def bias_grad(grad_output: Tensor) -> Tensor:
     """``grad_output`` summed over every leading dim: the bias gradient of linear; -> [out]."""
-    return _ops.bias_grad.default(grad_output)
+    try:
+        return _ops.bias_grad.default(grad_output)
+    except Exception:  # None reaches the operator as no tensor at all: name the argument
+        _checks.check_tensors("bias_grad", {"grad_output": grad_output})
+        raise
 
 
 def mm(a: Tensor, b: Tensor) -> Tensor:

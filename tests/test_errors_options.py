@@ -324,3 +324,95 @@ def test_linear_cross_entropy_on_meta_tensors():
     with torch.autocast("cpu"):
         out = lce(h, w, t)
     assert out.device.type == "meta" and out.shape == ()
+
+
+# ---- 6, 7. None for a tensor; rms_norm of an integer tensor ------------------------------------
+
+F = cutlass_nn.functional
+TENSOR = "must be a torch.Tensor, got "
+
+TENSOR_CASES = [
+    ("linear input", lambda: F.linear(None, r(5, 4)), "cutlass_nn.linear: argument 'input' " + TENSOR + "NoneType"),
+    ("linear weight", lambda: F.linear(r(3, 4), None), "cutlass_nn.linear: argument 'weight' " + TENSOR + "NoneType"),
+    ("linear act weight", lambda: F.linear(r(3, 4), None, activation="relu"),
+     "cutlass_nn.linear: argument 'weight' " + TENSOR + "NoneType"),
+    ("linear bias", lambda: F.linear(r(3, 4), r(5, 4), 1.0),
+     "cutlass_nn.linear: argument 'bias' must be None or a torch.Tensor, got float"),
+    ("mm a", lambda: cutlass_nn.mm(None, r(4, 2)), "cutlass_nn.mm: argument 'a' " + TENSOR + "NoneType"),
+    ("mm b", lambda: cutlass_nn.mm(r(3, 4), None), "cutlass_nn.mm: argument 'b' " + TENSOR + "NoneType"),
+    ("mm out", lambda: cutlass_nn.mm(r(3, 4), r(4, 2), out=3.0),
+     "cutlass_nn.mm: argument 'out' must be None or a torch.Tensor, got float"),
+    ("mm out b", lambda: cutlass_nn.mm(r(3, 4), None, out=r(3, 2)),
+     "cutlass_nn.mm: argument 'b' " + TENSOR + "NoneType"),
+    ("CutlassLinear", lambda: cutlass_nn.CutlassLinear(4, 5)(None),
+     "cutlass_nn.CutlassLinear.forward: argument 'input' " + TENSOR + "NoneType"),
+    ("CutlassLinear act", lambda: cutlass_nn.CutlassLinear(4, 5, activation="gelu")([1.0] * 4),
+     "cutlass_nn.CutlassLinear.forward: argument 'input' " + TENSOR + "list"),
+    ("add2", lambda: cutlass_nn.add2(None, r(3)), "cutlass_nn.add2: argument 'a' " + TENSOR + "NoneType"),
+    ("Add2", lambda: cutlass_nn.Add2()(r(3), 2.0), "cutlass_nn.Add2.forward: argument 'b' " + TENSOR + "float"),
+    ("rms_norm input", lambda: cutlass_nn.rms_norm(None, torch.ones(4)),
+     "cutlass_nn.rms_norm: argument 'input' " + TENSOR + "NoneType"),
+    ("rms_norm weight", lambda: cutlass_nn.rms_norm(r(3, 4), None),
+     "cutlass_nn.rms_norm: argument 'weight' " + TENSOR + "NoneType"),
+    ("add_rms_norm x", lambda: cutlass_nn.add_rms_norm(None, r(3, 4), torch.ones(4)),
+     "cutlass_nn.add_rms_norm: argument 'x' " + TENSOR + "NoneType"),
+    ("add_rms_norm weight", lambda: cutlass_nn.add_rms_norm(r(3, 4), r(3, 4), None, 1e-6),
+     "cutlass_nn.add_rms_norm: argument 'weight' " + TENSOR + "NoneType"),
+    ("gated_act", lambda: F.gated_act(None), "cutlass_nn.gated_act: argument 'gate_up' " + TENSOR + "NoneType"),
+    ("bias_grad", lambda: cutlass_nn.ops.bias_grad(None),
+     "cutlass_nn.bias_grad: argument 'grad_output' " + TENSOR + "NoneType"),
+]
+
+
+@pytest.mark.parametrize("fn,match", [pytest.param(*c[1:], id=c[0]) for c in TENSOR_CASES])
+def test_not_a_tensor(fn, match):
+    with pytest.raises(TypeError, match="^" + E(match)):
+        fn()
+
+
+def test_mm_out_is_left_alone_when_an_input_is_not_a_tensor():
+    out = torch.full((3, 2), 7.0)
+    with pytest.raises(TypeError, match=E("cutlass_nn.mm: argument 'a' " + TENSOR + "NoneType")):
+        cutlass_nn.mm(None, r(4, 2), out=out)
+    assert torch.equal(out, torch.full((3, 2), 7.0))
+
+
+RMS_DTYPE = ("argument '{}' must have a floating dtype (float16, bfloat16, float32 or float64), "
+             "got int32")
+
+
+@pytest.mark.parametrize(
+    "fn,match",
+    [
+        (lambda x: cutlass_nn.rms_norm(x, torch.ones(4)), "cutlass_nn.rms_norm: " + RMS_DTYPE.format("input")),
+        (lambda x: cutlass_nn.add_rms_norm(x, x, torch.ones(4)),
+         "cutlass_nn.add_rms_norm: " + RMS_DTYPE.format("input")),
+    ],
+    ids=["rms_norm", "add_rms_norm"],
+)
+def test_integer_input_with_the_default_eps(fn, match):
+    """Before: torch.finfo's TypeError, which names neither the function nor the argument (and
+    an InternalTorchDynamoError under torch.compile)."""
+    x = torch.ones(3, 4, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="^" + E(match)):
+        fn(x)
+    with pytest.raises(Exception, match=E(match)):
+        torch.compile(fn, backend="eager", fullgraph=True)(x)
+
+
+@pytest.mark.parametrize(
+    "fn,name,got",
+    [
+        (lambda: cutlass_nn.rms_norm(r(3, 4), torch.ones(4), eps="3.0"), "rms_norm", "'3.0' (str)"),
+        (lambda: cutlass_nn.add_rms_norm(r(3, 4), r(3, 4), torch.ones(4), eps="1e-6"),
+         "add_rms_norm", "'1e-6' (str)"),
+        (lambda: cutlass_nn.rms_norm(r(3, 4), torch.ones(4), eps=True), "rms_norm", "True (bool)"),
+        (lambda: cutlass_nn.rms_norm(r(3, 4), torch.ones(4), eps=[1e-6]), "rms_norm", "list"),
+    ],
+    ids=["str", "add str", "bool", "list"],
+)
+def test_rms_norm_eps_is_a_number(fn, name, got):
+    """Before: float() parsed a string eps and took True as 1.0."""
+    with pytest.raises(TypeError, match="^" + E(f"cutlass_nn.{name}: argument 'eps' must be a real "
+                                               f"number, got {got}")):
+        fn()
