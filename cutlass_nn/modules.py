@@ -564,6 +564,17 @@ class GatedMLP(nn.Module):
         self._pack_gate_up()
         self.register_load_state_dict_post_hook(_repack_after_load)
 
+    @property
+    def activation(self) -> str:
+        """The gated activation, one of ``"silu"``, ``"gelu"``, ``"gelu_tanh"``. Checked when set
+        (a TypeError or ValueError, the old value kept): every forward path (the fused operator,
+        the FP8 one, the projections called one by one) then computes the same function."""
+        return self._activation
+
+    @activation.setter
+    def activation(self, value) -> None:
+        self._activation = _check_gated_activation("GatedMLP.activation", value)
+
     def _pack_gate_up(self) -> None:
         """Lay the gate and up weights (and biases) out as the two halves of one buffer, gate
         first, unless they already are (see the class docstring)."""
@@ -616,6 +627,8 @@ class GatedMLP(nn.Module):
         # copy.deepcopy clones each Parameter on its own and pickle does not keep views of one
         # storage either (torch.save does): the copy's gate and up land in separate storages.
         super().__setstate__(state)
+        if "activation" in self.__dict__:  # pickled before it was a property
+            self._activation = self.__dict__.pop("activation")
         self._pack_gate_up()
 
     def extra_repr(self) -> str:

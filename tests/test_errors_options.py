@@ -416,3 +416,89 @@ def test_rms_norm_eps_is_a_number(fn, name, got):
     with pytest.raises(TypeError, match="^" + E(f"cutlass_nn.{name}: argument 'eps' must be a real "
                                                f"number, got {got}")):
         fn()
+
+
+# ---- 9. a convert that fails leaves the model as it was ----------------------------------------
+
+
+def _modules_and_forwards(model):
+    return [(name, m, type(m), m.__dict__.get("forward")) for name, m in model.named_modules()]
+
+
+def _small_model():
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4)))
+
+
+def test_convert_with_bad_example_inputs_leaves_the_model_unchanged(empty_autotune_table):
+    """Before: the layers were converted in place, then the tuning run on example_inputs raised,
+    leaving a converted model behind."""
+    model = _small_model()
+    before = _modules_and_forwards(model)
+    with pytest.raises(RuntimeError, match=E("cutlass_nn.linear: argument 'input' must have size 4")):
+        cutlass_nn.convert(model, example_inputs=r(2, 5))
+    assert _modules_and_forwards(model) == before
+
+
+def test_convert_with_a_raising_filter_leaves_the_model_unchanged():
+    model = _small_model()
+    before = _modules_and_forwards(model)
+
+    def filter_fn(name, module):
+        if name == "2.1":
+            raise KeyError("no rule for 2.1")
+        return True
+
+    with pytest.raises(KeyError, match="no rule for 2.1"):
+        cutlass_nn.convert(model, filter_fn=filter_fn)
+    assert _modules_and_forwards(model) == before
+    assert all(type(m) is not cutlass_nn.CutlassLinear for m in model.modules())
+
+
+def test_convert_of_a_transformers_model_undoes_its_fusions(empty_autotune_table):
+    """The fusions (residual norm, rotary embedding, head) that patch a layer's forward are undone
+    as well as the module replacements."""
+    pytest.importorskip("transformers")
+    from tiny_transformers import IDS, tiny
+
+    model = tiny("llama")
+    before = _modules_and_forwards(model)
+    ids = IDS.clone()
+    want = model(input_ids=ids, labels=ids).loss
+    with pytest.raises(RuntimeError, match="'indices'"):
+        # a batch of the wrong type: the tuning run fails after every fusion was applied
+        cutlass_nn.convert(model, fuse_norm=True, fuse_mlp=True, fuse_rope=True, fuse_head=True,
+                           example_inputs={"input_ids": ids.float()})
+    assert _modules_and_forwards(model) == before
+    assert "_cutlass_nn_original_forward" not in model.__dict__
+    torch.testing.assert_close(model(input_ids=ids, labels=ids).loss, want, rtol=0, atol=0)
+
+
+# ---- 10. GatedMLP.activation is checked when set -----------------------------------------------
+
+
+def test_gated_mlp_activation_is_checked_when_set():
+    """Before: any value was taken, and then the fused path raised a RuntimeError, the
+    one-by-one path a KeyError and the FP8 path a ValueError (or silently ran the old one)."""
+    mlp = cutlass_nn.GatedMLP(8, 16)
+    with pytest.raises(ValueError, match="^" + E(
+            "cutlass_nn.GatedMLP.activation: argument 'activation' must be one of \"silu\", "
+            "\"gelu\", \"gelu_tanh\", got 'relu'")):
+        mlp.activation = "relu"
+    with pytest.raises(TypeError, match="^" + E(
+            "cutlass_nn.GatedMLP.activation: argument 'activation' must be a string")):
+        mlp.activation = None
+    assert mlp.activation == "silu"  # unchanged
+    mlp.activation = "gelu"
+    x = r(3, 8)
+    want = mlp.down_proj(nn.functional.gelu(mlp.gate_proj(x)) * mlp.up_proj(x))
+    torch.testing.assert_close(mlp(x), want)
+    assert "activation='gelu'" in repr(mlp)
+
+
+def test_gated_mlp_pickled_with_a_plain_activation_attribute_loads():
+    mlp = cutlass_nn.GatedMLP(8, 16, activation="gelu_tanh")
+    state = dict(mlp.__dict__)
+    state["activation"] = state.pop("_activation")  # as pickled before it was a property
+    old = cutlass_nn.GatedMLP.__new__(cutlass_nn.GatedMLP)
+    old.__setstate__(state)
+    assert old.activation == "gelu_tanh"
