@@ -45,12 +45,14 @@ import logging
 import math
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from cutlass_nn import _checks
 from cutlass_nn import _extension
 from cutlass_nn._version import __version__
 
@@ -235,7 +237,20 @@ def clear() -> int:
 def report(items: Sequence[TunedGemm] | None = None) -> str:
     """A text table of ``items`` (default: every entry): problem, kept configuration, the rule's,
     and the measured times."""
-    items = entries() if items is None else list(items)
+    if items is None:
+        items = entries()
+    else:
+        try:
+            items = list(items)
+        except TypeError:
+            raise _checks.fail(TypeError, "autotune.report", "items",
+                               "None or a sequence of cutlass_nn.autotune.TunedGemm",
+                               _checks.given(items)) from None
+        for i, e in enumerate(items):
+            if not isinstance(e, TunedGemm):
+                raise _checks.fail(TypeError, "autotune.report", "items",
+                                   "None or a sequence of cutlass_nn.autotune.TunedGemm",
+                                   f"a {type(e).__qualname__} at index {i}")
     if not items:
         return "cutlass_nn.autotune: no tuned GEMM"
     lines = [
@@ -262,10 +277,27 @@ def report(items: Sequence[TunedGemm] | None = None) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+def _check_path(op: str, path) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise _checks.fail(TypeError, f"autotune.{op}", "path", "a str or os.PathLike",
+                           _checks.given(path))
+    return Path(path)
+
+
 def save(path: str | os.PathLike) -> int:
     """Write the table to ``path`` (JSON, format :data:`FILE_FORMAT`); returns the number of
     entries written. Each entry names its GPU model and SM count, so a file serves every GPU of
-    that model (and no other)."""
+    that model (and no other).
+
+    An existing file's entries for problems this table does not hold are kept; entries of it
+    that are malformed (which :func:`load` refuses the file for) are left out, with a
+    ``UserWarning`` that shows them.
+
+    Raises:
+        ValueError: ``path`` exists and is not a cutlass_nn autotune file (invalid JSON, another
+            format): it is not overwritten.
+    """
+    path = _check_path("save", path)
     items = entries()
     rows = []
     for e in items:
@@ -273,7 +305,6 @@ def save(path: str | os.PathLike) -> int:
         row.pop("device")
         row["multiprocessors"] = _multiprocessors(e.device)
         rows.append(row)
-    path = Path(path)
     # Entries already in the file for problems this table does not hold (other GPU models,
     # other processes' shapes) are kept.
     mine = {_row_key(r) for r in rows}
@@ -304,23 +335,65 @@ def _row_key(row: dict) -> tuple:
 
 
 def _existing_rows(path: Path) -> list[dict]:
-    """The well-formed entries of an existing autotune file at ``path`` ([] if none)."""
+    """The well-formed entries of the autotune file at ``path`` ([] if there is no file). Raises
+    when ``path`` is something else (:func:`save` must not overwrite it); skips malformed entries
+    with a warning that shows them (one would make :func:`load` refuse the whole file)."""
+    if not path.exists():
+        return []
+    try:
+        doc = _document("save", path)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; it is not overwritten") from None
+    rows, dropped = [], []
+    for i, row in enumerate(doc["entries"]):
+        problem = _row_problem(row)
+        if problem is None:
+            rows.append(row)
+        else:
+            dropped.append(f"entry {i} {json.dumps(row)[:300]} ({problem})")
+    if dropped:
+        warnings.warn(
+            f"cutlass_nn.autotune.save: {path}: {len(dropped)} malformed entr"
+            f"{'y' if len(dropped) == 1 else 'ies'} left out, the others kept: "
+            + "; ".join(dropped),
+            UserWarning,
+            stacklevel=3,
+        )
+    return rows
+
+
+def _file_error(path: Path, what: str, op: str = "load") -> ValueError:
+    return ValueError(f"cutlass_nn.autotune.{op}: {path} is not a cutlass_nn autotune file: {what}")
+
+
+def _document(op: str, path: Path) -> dict:
+    """The parsed file (format checked, ``entries`` a list), else a ValueError."""
     try:
         doc = json.loads(path.read_text())
-        if isinstance(doc, dict) and doc.get("format") == FILE_FORMAT:
-            return [_parse_row(path, i, r) for i, r in enumerate(doc.get("entries", []))]
-    except (OSError, ValueError):
-        pass
-    return []
-
-
-def _file_error(path: Path, what: str) -> ValueError:
-    return ValueError(f"cutlass_nn.autotune.load: {path} is not a cutlass_nn autotune file: {what}")
+    except UnicodeDecodeError as exc:
+        raise _file_error(path, f"not UTF-8 text ({exc})", op) from None
+    except json.JSONDecodeError as exc:
+        raise _file_error(path, f"invalid JSON ({exc})", op) from None
+    if not isinstance(doc, dict) or doc.get("format") != FILE_FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise _file_error(path, f"'format' must be {FILE_FORMAT!r}, got {got!r}", op)
+    if not isinstance(doc.get("entries"), list):
+        raise _file_error(path, "'entries' must be a list", op)
+    return doc
 
 
 def _parse_row(path: Path, i: int, row: Any) -> dict[str, Any]:
+    """``row`` if entry ``i`` is well-formed, else :func:`load`'s ValueError."""
+    problem = _row_problem(row)
+    if problem is not None:
+        raise _file_error(path, f"entry {i} {problem}")
+    return row
+
+
+def _row_problem(row: Any) -> str | None:
+    """What is wrong with an entry of a file, or None."""
     if not isinstance(row, dict):
-        raise _file_error(path, f"entry {i} must be an object, got {type(row).__name__}")
+        return f"must be an object, got {type(row).__name__}"
     need = {
         "device_name": str, "multiprocessors": int, "m": int, "n": int, "k": int,
         "layout_a": str, "layout_b": str, "dtype": str, "out_dtype": str, "bias": bool,
@@ -332,21 +405,18 @@ def _parse_row(path: Path, i: int, row: Any) -> dict[str, Any]:
         value = row.get(key)
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if not ok:
-            raise _file_error(
-                path, f"entry {i} field {key!r} must be {getattr(kind, '__name__', 'a number')}, "
-                f"got {value!r}"
-            )
+            return f"field {key!r} must be {getattr(kind, '__name__', 'a number')}, got {value!r}"
     for key, allowed in (("layout_a", _LAYOUTS), ("layout_b", _LAYOUTS), ("dtype", _DTYPES[:2]),
                          ("out_dtype", _DTYPES)):  # fmt: skip
         if row[key] not in allowed:
-            raise _file_error(path, f"entry {i} field {key!r} must be one of {allowed}, got {row[key]!r}")
+            return f"field {key!r} must be one of {allowed}, got {row[key]!r}"
     for key, kind in need.items():
         value = row[key]
         if kind is int and not 0 <= value < 2**31:
-            raise _file_error(path, f"entry {i} field {key!r} must be in [0, 2^31), got {value}")
+            return f"field {key!r} must be in [0, 2^31), got {value}"
         if kind == (int, float) and not (math.isfinite(value) and 0 <= value < 1e12):
-            raise _file_error(path, f"entry {i} field {key!r} must be a finite time >= 0, got {value}")
-    return row
+            return f"field {key!r} must be a finite time >= 0, got {value}"
+    return None
 
 
 def load(path: str | os.PathLike) -> int:
@@ -358,18 +428,9 @@ def load(path: str | os.PathLike) -> int:
         FileNotFoundError: no such file.
         ValueError: the file is not a well-formed autotune file (nothing is added).
     """
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise _file_error(path, f"invalid JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FILE_FORMAT:
-        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise _file_error(path, f"'format' must be {FILE_FORMAT!r}, got {got!r}")
-    rows = doc.get("entries")
-    if not isinstance(rows, list):
-        raise _file_error(path, "'entries' must be a list")
-    parsed = [_parse_row(path, i, row) for i, row in enumerate(rows)]
+    path = _check_path("load", path)
+    doc = _document("load", path)
+    parsed = [_parse_row(path, i, row) for i, row in enumerate(doc["entries"])]
     if not _extension.has_cuda_kernels() or not torch.cuda.is_available():
         return 0
     devices = [(i, _device_name(i), _multiprocessors(i)) for i in range(torch.cuda.device_count())]
@@ -420,13 +481,14 @@ def tune(module: nn.Module, example_inputs: Any, *, backward: bool = True) -> li
     ``cutlass_nn.autotune`` logger.
 
     Raises:
-        TypeError: ``module`` is not an ``nn.Module``.
+        TypeError: ``module`` is not an ``nn.Module``, or ``backward`` not a bool.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(
             "cutlass_nn.autotune.tune: argument 'module' must be a torch.nn.Module, got "
             f"{type(module).__module__}.{type(module).__qualname__}"
         )
+    _checks.check_bool("autotune.tune", "backward", backward)
     args, kwargs = _split_inputs(example_inputs)
     before = {e.problem for e in entries()}
     buffers = [

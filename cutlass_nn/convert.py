@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from cutlass_nn import _checks
 from cutlass_nn import autotune
 from cutlass_nn import fp8
 from cutlass_nn.fp8_reference import Fp8Recipe
@@ -152,10 +153,16 @@ def convert(
         ``module`` (converted in place), or the new root module.
 
     Raises:
-        TypeError: ``module`` is not an ``nn.Module``, ``filter_fn`` is not callable, or
-            ``fp8_recipe`` is not an ``Fp8Recipe`` (nothing is changed).
+        TypeError: ``module`` is not an ``nn.Module``, ``filter_fn`` is not callable, a
+            ``fuse_*`` flag is not a bool, or ``fp8_recipe`` is not an ``Fp8Recipe`` (nothing is
+            changed).
         ValueError: ``precision`` is not None or ``"fp8"``, or ``fp8_recipe`` without
             ``precision="fp8"`` (nothing is changed).
+
+        Whatever ``filter_fn`` or the run on ``example_inputs`` raises propagates, and every
+        module replaced or fused until then is put back: the model is left as it was (the gate
+        and up weights of a gated MLP it had converted keep the one-buffer layout, with the same
+        values and Parameter objects).
 
     Warns:
         ``UserWarning`` when no module was converted.
@@ -171,6 +178,9 @@ def convert(
             "cutlass_nn.convert: argument 'filter_fn' must be None or a callable "
             f"filter_fn(name, module) -> bool, got {type(filter_fn).__qualname__}"
         )
+    for name, flag in (("fuse_norm", fuse_norm), ("fuse_mlp", fuse_mlp),
+                       ("fuse_head", fuse_head), ("fuse_rope", fuse_rope)):
+        _checks.check_bool("convert", name, flag)  # bool("no") would be True
     recipe = _check_precision("convert", precision, fp8_recipe)
     fp8_layers: list[str] = []
     kept_layers: list[str] = []
@@ -209,48 +219,39 @@ def convert(
     root = replacement("", module)
     if root is not None:
         if example_inputs is not None:
-            autotune.tune(root, example_inputs)
+            autotune.tune(root, example_inputs)  # ``module`` itself is not changed
         return root
 
-    # Depth-first, parents before children, in named_modules' order, descending only into the
-    # modules that were kept: a replaced module's descendants belong to the replacement (a
-    # GatedMLP's projections are already CutlassLinear). A module reachable under several names
-    # is visited under each, so that every parent gets the one shared replacement.
-    replaced: dict[int, nn.Module] = {}
-    stack: list[tuple[str, nn.Module]] = [("", module)]
-    while stack:
-        parent_name, parent = stack.pop()
-        kept = []
-        for child_name, child in list(parent.named_children()):
-            name = f"{parent_name}.{child_name}" if parent_name else child_name
-            if id(child) in replaced:
-                setattr(parent, child_name, replaced[id(child)])
-                continue
-            new = replacement(name, child)
-            if new is not None:
-                replaced[id(child)] = new
-                setattr(parent, child_name, new)
-            else:
-                kept.append((name, child))
-        stack.extend(reversed(kept))
+    # Every change to the model is undone if a later step raises (filter_fn, a fusion, or the
+    # tuning run on example_inputs): a failed convert leaves the model as it was.
+    undo: list[Callable[[], None]] = []
 
-    fused_layers = 0
-    if fuse_norm:
-        for name, layer in module.named_modules():
-            if is_fused(layer) or not can_fuse_residual_norm(layer):
-                continue
-            if filter_fn is None or filter_fn(name, layer):
-                fuse_residual_norm(layer)
-                fused_layers += 1
+    def set_child(parent: nn.Module, child_name: str, new: nn.Module) -> None:
+        old = parent._modules[child_name]
+        undo.append(lambda: setattr(parent, child_name, old))
+        setattr(parent, child_name, new)
 
-    rotary_layers = 0
-    if fuse_rope:
-        for name, layer in module.named_modules():
-            if fused_rotary.is_fused(layer) or not fused_rotary.can_fuse_rotary(layer):
-                continue
-            if filter_fn is None or filter_fn(name, layer):
-                fused_rotary.fuse_rotary(layer)
-                rotary_layers += 1
+    def fuse(layer: nn.Module, fusion: Callable[[nn.Module], Any]) -> None:
+        # a fusion gives the layer instance attributes of its own (its forward): undone by
+        # putting the instance dict back as it was
+        saved = dict(layer.__dict__)
+
+        def restore() -> None:
+            layer.__dict__.clear()
+            layer.__dict__.update(saved)
+
+        undo.append(restore)
+        fusion(layer)
+
+    try:
+        replaced, fused_layers, rotary_layers, head = _convert_in_place(
+            module, replacement, filter_fn, set_child, fuse, fuse_norm, fuse_rope, fuse_head)
+        if example_inputs is not None:
+            autotune.tune(module, example_inputs)
+    except BaseException:
+        for step in reversed(undo):
+            step()
+        raise
 
     counts = {kind: 0 for kind in (CutlassLinear, RMSNorm, GatedMLP)}
     for new in replaced.values():
@@ -291,8 +292,7 @@ def convert(
             stacklevel=2,
         )
     if fuse_head:
-        if can_fuse_lm_head(module):
-            fuse_lm_head(module)
+        if head:
             _log.info("cutlass_nn.convert: %s loss -> linear_cross_entropy", type(module).__name__)
         else:
             warnings.warn(
@@ -300,6 +300,55 @@ def convert(
                 f"supported causal LMs ({', '.join(sorted(CAUSAL_LMS))}); its head is left as is",
                 stacklevel=2,
             )
-    if example_inputs is not None:
-        autotune.tune(module, example_inputs)
     return module
+
+
+def _convert_in_place(module, replacement, filter_fn, set_child, fuse, fuse_norm, fuse_rope,
+                      fuse_head) -> tuple[dict, int, int, bool]:
+    """The changes of :func:`convert` below the root, each through ``set_child(parent, name,
+    new)`` or ``fuse(layer, fusion)`` (which record how to undo them): ``(replaced modules by
+    id, decoder layers fused, attention layers fused, whether the head was fused)``."""
+    # Depth-first, parents before children, in named_modules' order, descending only into the
+    # modules that were kept: a replaced module's descendants belong to the replacement (a
+    # GatedMLP's projections are already CutlassLinear). A module reachable under several names
+    # is visited under each, so that every parent gets the one shared replacement.
+    replaced: dict[int, nn.Module] = {}
+    stack: list[tuple[str, nn.Module]] = [("", module)]
+    while stack:
+        parent_name, parent = stack.pop()
+        kept = []
+        for child_name, child in list(parent.named_children()):
+            name = f"{parent_name}.{child_name}" if parent_name else child_name
+            if id(child) in replaced:
+                set_child(parent, child_name, replaced[id(child)])
+                continue
+            new = replacement(name, child)
+            if new is not None:
+                replaced[id(child)] = new
+                set_child(parent, child_name, new)
+            else:
+                kept.append((name, child))
+        stack.extend(reversed(kept))
+
+    fused_layers = 0
+    if fuse_norm:
+        for name, layer in module.named_modules():
+            if is_fused(layer) or not can_fuse_residual_norm(layer):
+                continue
+            if filter_fn is None or filter_fn(name, layer):
+                fuse(layer, fuse_residual_norm)
+                fused_layers += 1
+
+    rotary_layers = 0
+    if fuse_rope:
+        for name, layer in module.named_modules():
+            if fused_rotary.is_fused(layer) or not fused_rotary.can_fuse_rotary(layer):
+                continue
+            if filter_fn is None or filter_fn(name, layer):
+                fuse(layer, fused_rotary.fuse_rotary)
+                rotary_layers += 1
+
+    head = fuse_head and can_fuse_lm_head(module)
+    if head:
+        fuse(module, fuse_lm_head)
+    return replaced, fused_layers, rotary_layers, head

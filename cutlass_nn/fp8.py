@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
-
+from cutlass_nn import _checks
 from cutlass_nn import fp8_reference as R
 from cutlass_nn import ops
 from cutlass_nn.fp8_reference import Fp8Recipe
@@ -45,6 +44,8 @@ MIN_FEATURES = 1024
 def eligible(in_features: int, out_features: int) -> bool:
     """Whether a linear layer of this shape runs in FP8 under ``convert(precision="fp8")``: both
     dimensions at least :data:`MIN_FEATURES` and multiples of 16."""
+    in_features = _checks.check_int("fp8.eligible", "in_features", in_features)
+    out_features = _checks.check_int("fp8.eligible", "out_features", out_features)
     return (
         in_features >= MIN_FEATURES
         and out_features >= MIN_FEATURES
@@ -84,8 +85,9 @@ def reuse_quantized_inputs(enabled: bool) -> bool:
     an in-place collective between two layers reading the same tensor. Turn it on for eager
     training loops that do none of these (it saves 4 maximum passes and 8 casts per Llama
     decoder layer and step)."""
+    _checks.check_bool("fp8.reuse_quantized_inputs", "enabled", enabled)
     previous = _LastQuantization.enabled
-    _LastQuantization.enabled = bool(enabled)
+    _LastQuantization.enabled = enabled
     _LastQuantization.entry = None
     return previous
 
@@ -259,7 +261,7 @@ class _Fp8Linear(torch.autograd.Function):
         return y.reshape(*x.shape[:-1], n)
 
     @staticmethod
-    @once_differentiable
+    @_checks.first_derivative_only("fp8.linear")
     def backward(ctx, grad_output):
         _drop_entry_after_backward()
         x2, weight, *scales = ctx.saved_tensors
@@ -373,7 +375,7 @@ class _Fp8GatedMlp(torch.autograd.Function):
         return y.reshape(*x.shape[:-1], down_w.shape[0])
 
     @staticmethod
-    @once_differentiable
+    @_checks.first_derivative_only("fp8.gated_mlp")
     def backward(ctx, grad_output):
         _drop_entry_after_backward()
         x2, gate_w, up_w, down_w, gate_up, *scales = ctx.saved_tensors
@@ -421,6 +423,20 @@ class _Fp8GatedMlp(torch.autograd.Function):
         return tuple(grads)
 
 
+#: the dtypes a bias may have (it is rounded to the output dtype before the add)
+_BIAS_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_bias_dtype(op: str, name: str, bias: Tensor | None) -> None:
+    # bias.to(out_dtype) would take any dtype: a bool or int bias would be added as 0 / 1 or
+    # integers, a complex one with its imaginary part dropped
+    if bias is not None and bias.dtype not in _BIAS_DTYPES:
+        raise TypeError(
+            f"cutlass_nn.fp8.{op}: argument '{name}' must be None or a floating tensor (float16, "
+            f"bfloat16, float32 or float64), got a {bias.dtype} tensor"
+        )
+
+
 def _check(op: str, x, weight, bias, recipe, names=("weight", "bias")) -> None:
     """``x`` [..., in] against ``weight`` [out, in] and ``bias`` [out] or None, with the
     argument names ``names`` (the weight's and the bias's) in the messages."""
@@ -449,6 +465,7 @@ def _check(op: str, x, weight, bias, recipe, names=("weight", "bias")) -> None:
             f"cutlass_nn.fp8.{op}: argument '{bname}' must be None or a tensor of shape "
             f"[{weight.shape[0]}], got {got}"
         )
+    _check_bias_dtype(op, bname, bias)
     for name, t in ((wname, weight), (bname, bias)):
         if t is not None and t.device != x.device:
             raise ValueError(
@@ -464,16 +481,15 @@ def linear(
     ``[*, in_features]``, ``weight`` ``[out_features, in_features]``, ``bias``
     ``[out_features]`` or None, ``recipe`` the scaling and gradient format. The output has
     ``input``'s dtype, or the autocast dtype inside ``torch.autocast``; gradients reach
-    ``input``, ``weight`` and ``bias`` (first order). The bias is rounded to the output dtype
+    ``input``, ``weight`` and ``bias`` (first order: a backward with ``create_graph=True``
+    raises a RuntimeError). The bias is rounded to the output dtype
     before it is added (as under autocast; the reference adds it in float32, so a float32 bias
     beside a 16-bit input differs from it by that rounding). On Hopper the GEMMs run on the FP8
     kernels for bfloat16 and float32 outputs; a float16 output (float16 inputs, or autocast to
     float16) and a weight gradient over a token count that is not a multiple of 16 take the ATen
     path of :func:`cutlass_nn.ops.fp8_scaled_mm` (correct, much slower)."""
     _check("linear", input, weight, bias, recipe)
-    out_dtype = input.dtype
-    if torch.is_autocast_enabled(input.device.type):
-        out_dtype = torch.get_autocast_dtype(input.device.type)
+    out_dtype = ops._autocast_dtype(input.device.type) or input.dtype
     return _Fp8Linear.apply(input, weight, bias, recipe.scaling, recipe.grad_format,
                             recipe.fast_accum_forward, out_dtype)
 
@@ -502,7 +518,8 @@ def gated_mlp(
     product are one float computation rounded once (:func:`cutlass_nn.ops.gated_act`), and the
     backward recomputes them from the saved gate+up output instead of keeping the hidden
     activation. The output has ``input``'s dtype (the autocast dtype under ``torch.autocast``);
-    gradients reach every tensor argument (first order)."""
+    gradients reach every tensor argument (first order: a backward with ``create_graph=True``
+    raises a RuntimeError)."""
     _check("gated_mlp", input, gate_weight, gate_bias, recipe, ("gate_weight", "gate_bias"))
     for name, t in (("up_weight", up_weight), ("down_weight", down_weight)):
         if not isinstance(t, Tensor) or t.dtype != gate_weight.dtype or t.device != input.device:
@@ -541,15 +558,14 @@ def gated_mlp(
             f"cutlass_nn.fp8.gated_mlp: argument 'down_bias' must be None or a tensor of shape "
             f"[{out}] on {input.device}, got {got}"
         )
+    _check_bias_dtype("gated_mlp", "down_bias", down_bias)
     if activation not in ops.GATED_ACTIVATIONS:
         allowed = ", ".join(f'"{a}"' for a in ops.GATED_ACTIVATIONS)
         raise ValueError(
             f"cutlass_nn.fp8.gated_mlp: argument 'activation' must be one of {allowed}, got "
             f"{activation!r}"
         )
-    out_dtype = input.dtype
-    if torch.is_autocast_enabled(input.device.type):
-        out_dtype = torch.get_autocast_dtype(input.device.type)
+    out_dtype = ops._autocast_dtype(input.device.type) or input.dtype
     return _Fp8GatedMlp.apply(input, gate_weight, up_weight, down_weight, gate_bias, up_bias,
                               down_bias, activation, recipe.scaling, recipe.grad_format,
                               recipe.fast_accum_forward, out_dtype)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cutlass_nn import _checks
 from cutlass_nn import ops
 from cutlass_nn.linear_cross_entropy import linear_cross_entropy
 
@@ -104,10 +105,17 @@ def linear(
         autograd kernel runs the fused GEMM that also keeps the pre-activation for the
         backward when gradients are needed. Follows ``torch.autocast`` like ``F.linear``.
     """
-    if activation is None or activation == "none":
-        return _plain_linear(input, weight, bias)
-    ops._check_activation_type("linear_act", activation)
-    return _linear_act(input, weight, bias, activation)
+    # The operators take None for a tensor as an undefined tensor and fail with a message that
+    # does not say so: which argument is not a tensor is found out after a failure (a try costs
+    # nothing when nothing is raised), so that a correct call pays nothing for the check.
+    try:
+        if activation is None or activation == "none":
+            return _plain_linear(input, weight, bias)
+        ops._check_activation_type("linear_act", activation)
+        return _linear_act(input, weight, bias, activation)
+    except Exception:
+        _checks.check_tensors("linear", {"input": input, "weight": weight, "bias": bias}, ("bias",))
+        raise
 
 
 def mm(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
@@ -125,7 +133,12 @@ def mm(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
         ``[n, p]``: a new tensor, or ``out``.
     """
     if out is None:
-        return _mm(a, b)
+        try:
+            return _mm(a, b)
+        except Exception:  # see linear
+            _checks.check_tensors("mm", {"a": a, "b": b})
+            raise
+    _checks.check_tensors("mm", {"a": a, "b": b, "out": out}, ("out",))
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad):
         raise RuntimeError(
             "cutlass_nn.mm: functions with out=... arguments don't support automatic "
@@ -140,12 +153,25 @@ def add2(a: Tensor, b: Tensor) -> Tensor:
     Returns:
         A new tensor; differentiable in both arguments.
     """
-    return _add2(a, b)
+    try:
+        return _add2(a, b)
+    except Exception:  # see linear
+        _checks.check_tensors("add2", {"a": a, "b": b})
+        raise
 
 
-def _eps(eps: float | None, dtype: torch.dtype) -> float:
-    # torch.nn.functional.rms_norm's default: the machine epsilon of the input's dtype
-    return torch.finfo(dtype).eps if eps is None else float(eps)
+def _eps(op: str, eps, input: Tensor) -> float:
+    """``eps`` as the operator takes it: a real number (not a string float() would parse), or
+    for None torch.nn.functional.rms_norm's default, the machine epsilon of the input's dtype."""
+    if eps is None:
+        # A dtype without one (integers, complex) gets any value: the operator then rejects the
+        # dtype naming the argument, eager and traced (torch.finfo would raise a TypeError that
+        # names neither, and break torch.compile's tracing).
+        dtype = input.dtype
+        return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    if type(eps) is float:
+        return eps
+    return _checks.check_real(op, "eps", eps)
 
 
 def rms_norm(input: Tensor, weight: Tensor, eps: float | None = None) -> Tensor:
@@ -167,7 +193,11 @@ def rms_norm(input: Tensor, weight: Tensor, eps: float | None = None) -> Tensor:
         ``[*, features]`` in ``input``'s dtype (contiguous). Differentiable in ``input`` and
         ``weight``, also twice (with ``create_graph`` the backward is written with torch ops).
     """
-    return _rms_norm(input, weight, _eps(eps, input.dtype))[0]
+    try:
+        return _rms_norm(input, weight, _eps("rms_norm", eps, input))[0]
+    except Exception:  # see linear
+        _checks.check_tensors("rms_norm", {"input": input, "weight": weight})
+        raise
 
 
 def add_rms_norm(
@@ -187,10 +217,14 @@ def add_rms_norm(
         exactly as the unfused add is, and normalized as stored). Differentiable in all three
         tensors.
     """
-    if x.dtype != residual.dtype:
-        common = torch.result_type(x, residual)
-        x, residual = x.to(common), residual.to(common)
-    out, h, _ = _add_rms_norm(x, residual, weight, _eps(eps, x.dtype))
+    try:
+        if x.dtype != residual.dtype:
+            common = torch.result_type(x, residual)
+            x, residual = x.to(common), residual.to(common)
+        out, h, _ = _add_rms_norm(x, residual, weight, _eps("add_rms_norm", eps, x))
+    except Exception:  # see linear
+        _checks.check_tensors("add_rms_norm", {"x": x, "residual": residual, "weight": weight})
+        raise
     return out, h
 
 
@@ -220,7 +254,11 @@ def gated_act(gate_up: Tensor, activation: str = "silu") -> Tensor:
         once. Differentiable, also twice.
     """
     _check_gated_activation_type("gated_act", activation)
-    return _gated_act(gate_up, activation)
+    try:
+        return _gated_act(gate_up, activation)
+    except Exception:  # see linear
+        _checks.check_tensors("gated_act", {"gate_up": gate_up})
+        raise
 
 
 def gated_mlp(

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from cutlass_nn import _checks
 from cutlass_nn import functional as F
 from cutlass_nn._source_check import body_dump, entry_for_call, function_def, wrapper_chain
 from cutlass_nn.modules import RMSNorm, _norm_fits
@@ -147,6 +148,9 @@ def _still_checked(forward_fn: Any, spec: _Spec) -> bool:
 
 def is_fused(layer: nn.Module) -> bool:
     """Whether :func:`fuse_residual_norm` was applied to ``layer``."""
+    if not isinstance(layer, nn.Module):
+        raise _checks.fail(TypeError, "fused_decoder.is_fused", "layer", "an nn.Module",
+                           _checks.given(layer))
     return getattr(layer.__dict__.get("forward"), "__func__", None) is forward
 
 

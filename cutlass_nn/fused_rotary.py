@@ -30,6 +30,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import nn
 
+from cutlass_nn import _checks
 from cutlass_nn import functional as F
 from cutlass_nn._source_check import body_dump, entry_for_call, function_def, wrapper_chain
 
@@ -208,6 +209,9 @@ def _still_checked(forward_fn: Any, fused: Any) -> bool:
 
 def is_fused(attention: nn.Module) -> bool:
     """Whether :func:`fuse_rotary` was applied to ``attention``."""
+    if not isinstance(attention, nn.Module):
+        raise _checks.fail(TypeError, "fused_rotary.is_fused", "attention", "an nn.Module",
+                           _checks.given(attention))
     return getattr(attention.__dict__.get("forward"), "__func__", None) is forward
 
 

@@ -26,10 +26,11 @@ the recomputing backward of ``reduction="none"`` is a second one
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
-
+from cutlass_nn import _checks
 from cutlass_nn import ops
 from cutlass_nn.ops import _stat_dtype
 
@@ -54,7 +55,26 @@ def _fail(arg: str, msg: str):
     raise ValueError(f"cutlass_nn.linear_cross_entropy: argument '{arg}' {msg}")
 
 
-def _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_size) -> None:
+def _check_options(where: str, ignore_index, reduction, label_smoothing,
+                   chunk_size) -> tuple[int, str, float, int | None]:
+    """The options as the operators take them, checked (``cutlass_nn.<where>`` in the messages):
+    no float ``ignore_index`` truncated by int() or string ``label_smoothing`` parsed by float(),
+    and each within what the int64 / float arguments of the operators hold."""
+    ignore_index = _checks.check_int(where, "ignore_index", ignore_index, _checks.INT64_MIN,
+                                     _checks.INT64_MAX, expected=_checks.INT64_TEXT)
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise _checks.fail(ValueError, where, "reduction",
+                           f"one of {', '.join(map(repr, REDUCTIONS))}", repr(reduction))
+    smoothing = _checks.check_real(where, "label_smoothing", label_smoothing)
+    if not 0.0 <= smoothing <= 1.0:
+        raise _checks.fail(ValueError, where, "label_smoothing", "in [0, 1]", repr(label_smoothing))
+    if chunk_size is not None:
+        chunk_size = _checks.check_int(where, "chunk_size", chunk_size, minimum=1,
+                                       expected="None or a positive int")
+    return ignore_index, reduction, smoothing, chunk_size
+
+
+def _check(hidden, weight, target, bias) -> None:
     for name, t in (("hidden", hidden), ("weight", weight), ("target", target)):
         if not isinstance(t, Tensor):
             raise TypeError(
@@ -71,6 +91,8 @@ def _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_size)
             f"must have shape [vocab, {hidden.shape[-1]}] (hidden = the last dimension of "
             f"'hidden'), got {list(weight.shape)}",
         )
+    if weight.shape[0] < 1:
+        _fail("weight", f"must have at least one row (vocab >= 1), got shape {list(weight.shape)}")
     if weight.dtype != hidden.dtype:
         _fail("weight", f"must have the dtype of 'hidden' ({hidden.dtype}), got {weight.dtype}")
     if weight.device != hidden.device or target.device != hidden.device:
@@ -89,12 +111,6 @@ def _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_size)
             _fail("bias", f"must be None or a tensor of shape [{weight.shape[0]}]")
         if bias.dtype != hidden.dtype or bias.device != hidden.device:
             _fail("bias", "must have the dtype and device of 'hidden'")
-    if reduction not in REDUCTIONS:
-        _fail("reduction", f"must be one of {', '.join(map(repr, REDUCTIONS))}, got {reduction!r}")
-    if not 0.0 <= float(label_smoothing) <= 1.0:
-        _fail("label_smoothing", f"must be in [0, 1], got {label_smoothing}")
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        _fail("chunk_size", f"must be None or a positive int, got {chunk_size!r}")
 
 
 def _chunk_rows(tokens: int, vocab: int, element_size: int, chunk_size: int | None) -> int:
@@ -306,7 +322,7 @@ def _scaled(grad: Tensor, factor: Tensor, in_place: bool) -> Tensor:
     return out
 
 
-@once_differentiable  # a second derivative through these gradients raises
+@_checks.first_derivative_only("linear_cross_entropy")  # no second derivative through it
 def _backward(ctx, grad_out, *_unused_output_grads):
     need_h, need_w, need_b = ctx.need
     dh = dw = db = None
@@ -374,7 +390,8 @@ def linear_cross_entropy(
     token's loss and gradients NaN (no device fault, no host synchronization). Under
     ``torch.autocast``, floating arguments other than float64 are cast to the autocast dtype
     first, as ``F.linear`` would, and the loss is returned in float32, as autocast runs
-    ``F.cross_entropy``. First derivatives only (no double backward).
+    ``F.cross_entropy``. First derivatives only: a backward with ``create_graph=True`` raises a
+    RuntimeError (no second derivative).
 
     With a ``transformers`` causal LM, take the hidden states of the base model and the head's
     weight, and shift the labels by one::
@@ -382,11 +399,13 @@ def linear_cross_entropy(
         hidden = model.model(input_ids=ids).last_hidden_state      # [batch, seq, hidden]
         loss = linear_cross_entropy(hidden[:, :-1], model.lm_head.weight, ids[:, 1:])
     """
+    ignore_index, reduction, label_smoothing, chunk_size = _check_options(
+        "linear_cross_entropy", ignore_index, reduction, label_smoothing, chunk_size)
     device_type = hidden.device.type if isinstance(hidden, Tensor) else "cpu"
-    autocast = torch.is_autocast_enabled(device_type)
+    low = ops._autocast_dtype(device_type)
+    autocast = low is not None
     if autocast:
         # as F.linear under autocast: floating arguments other than float64 in the autocast dtype
-        low = torch.get_autocast_dtype(device_type)
 
         def cast(t):
             if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64:
@@ -394,9 +413,10 @@ def linear_cross_entropy(
             return t
 
         hidden, weight, bias = cast(hidden), cast(weight), cast(bias)
-    _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_size)
+    _check(hidden, weight, target, bias)
     chunk = _chunk_rows(target.numel(), weight.shape[0], weight.element_size(), chunk_size)
-    with torch.autocast(device_type, enabled=False):
+    # (no autocast context where autocast is off: torch.autocast raises for the meta device)
+    with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
         # autocast runs cross_entropy in float32: under it the loss comes back in float32 (it is
         # computed in float32); otherwise in hidden's dtype, as the unfused head's
         out_dtype = torch.float32 if autocast and hidden.dtype != torch.float64 else hidden.dtype
@@ -407,7 +427,7 @@ def linear_cross_entropy(
         need_w = grad_mode and weight.requires_grad
         need_b = grad_mode and bias is not None and bias.requires_grad
         out = _loss_op(
-            hidden, weight, bias, target, int(ignore_index), reduction, float(label_smoothing),
+            hidden, weight, bias, target, ignore_index, reduction, label_smoothing,
             chunk, need_h, need_w, need_b,
         )[0]
         return out.to(out_dtype)

@@ -7,6 +7,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from cutlass_nn import _checks
 from cutlass_nn import fp8 as _fp8
 from cutlass_nn import functional as F
 from cutlass_nn.fp8_reference import Fp8Recipe
@@ -143,6 +144,8 @@ class CutlassLinear(nn.Linear):
         fp8_recipe: Fp8Recipe | None = None,
     ) -> None:
         # validated first: a bad value fails before any parameter is allocated
+        in_features = _checks.check_size("CutlassLinear", "in_features", in_features)
+        out_features = _checks.check_size("CutlassLinear", "out_features", out_features)
         act = _check_activation("CutlassLinear", activation)
         recipe = _check_precision("CutlassLinear", precision, fp8_recipe)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
@@ -150,14 +153,19 @@ class CutlassLinear(nn.Linear):
         self.precision, self.fp8_recipe = precision, recipe
 
     def forward(self, input: Tensor) -> Tensor:
-        if self.precision == "fp8":
-            y = _fp8.linear(input, self.weight, self.bias, self.fp8_recipe)
-            return y if self.activation is None else _TORCH_ACTS[self.activation](y)
-        # One operator call (autocast, autograd and the kernel run in C++); with an activation,
-        # linear_act, whose autograd kernel keeps the pre-activation when it is needed.
-        if self.activation is None:
-            return F._plain_linear(input, self.weight, self.bias)
-        return _linear_act(input, self.weight, self.bias, self.activation)
+        try:
+            if self.precision == "fp8":
+                y = _fp8.linear(input, self.weight, self.bias, self.fp8_recipe)
+                return y if self.activation is None else _TORCH_ACTS[self.activation](y)
+            # One operator call (autocast, autograd and the kernel run in C++); with an
+            # activation, linear_act, whose autograd kernel keeps the pre-activation when it is
+            # needed.
+            if self.activation is None:
+                return F._plain_linear(input, self.weight, self.bias)
+            return _linear_act(input, self.weight, self.bias, self.activation)
+        except Exception:  # as in functional.linear: a non-tensor named after a failure only
+            _checks.check_tensors("CutlassLinear.forward", {"input": input})
+            raise
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
@@ -178,6 +186,10 @@ class CutlassLinear(nn.Linear):
         """A ``CutlassLinear`` that shares ``linear``'s parameters (no copy), with an optional
         fused ``activation`` and ``precision`` / ``fp8_recipe`` (as in the constructor).
 
+        When ``linear`` is itself a ``CutlassLinear``, what it has of these is kept unless given:
+        ``activation=None`` keeps its activation (``"none"`` removes it), ``precision=None``
+        keeps its precision, and ``fp8_recipe=None`` its recipe (with ``precision="fp8"``).
+
         Training mode and forward hooks of ``linear`` are carried over, so swapping the module
         into a model changes nothing but the kernels that run (and, with ``activation``, adds
         the activation after the linear map).
@@ -187,6 +199,15 @@ class CutlassLinear(nn.Linear):
                 f"cutlass_nn.CutlassLinear.from_linear: argument 'linear' must be an nn.Linear, "
                 f"got {type(linear).__name__}"
             )
+        if isinstance(linear, CutlassLinear):
+            # the source's own computation, unless asked otherwise: a conversion that dropped
+            # its activation or FP8 precision would silently compute something else
+            if activation is None:
+                activation = linear.activation
+            if precision is None:
+                precision = linear.precision
+            if precision == linear.precision and fp8_recipe is None:
+                fp8_recipe = linear.fp8_recipe
         act = _check_activation("CutlassLinear.from_linear", activation)
         recipe = _check_precision("CutlassLinear.from_linear", precision, fp8_recipe)
         layer = cls.__new__(cls)
@@ -207,7 +228,11 @@ class Add2(nn.Module):
     cutlass_nn kernels)."""
 
     def forward(self, a: Tensor, b: Tensor) -> Tensor:
-        return _add2(a, b)
+        try:
+            return _add2(a, b)
+        except Exception:  # as in functional.add2
+            _checks.check_tensors("Add2.forward", {"a": a, "b": b})
+            raise
 
 
 
@@ -306,8 +331,14 @@ class AddRMSNorm(nn.Module):
     """
 
     def __init__(self, hidden_size: int, eps: float | None = 1e-6, device=None, dtype=None):
+        hidden_size = _checks.check_size("AddRMSNorm", "hidden_size", hidden_size)
+        if eps is not None:
+            eps = _checks.check_real("AddRMSNorm", "eps", eps)
+            if not (eps >= 0 and eps != float("inf")):
+                raise _checks.fail(ValueError, "AddRMSNorm", "eps",
+                                   "None or a finite number >= 0", repr(eps))
         super().__init__()
-        self.hidden_size = int(hidden_size)
+        self.hidden_size = hidden_size
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(self.hidden_size, device=device, dtype=dtype))
 
@@ -515,11 +546,13 @@ class GatedMLP(nn.Module):
         fp8_recipe: Fp8Recipe | None = None,
     ) -> None:
         # validated first: a bad value fails before any parameter is allocated
+        hidden_size = _checks.check_size("GatedMLP", "hidden_size", hidden_size)
+        intermediate_size = _checks.check_size("GatedMLP", "intermediate_size", intermediate_size)
         act = _check_gated_activation("GatedMLP", activation)
         recipe = _check_precision("GatedMLP", precision, fp8_recipe)
         super().__init__()
-        self.hidden_size = int(hidden_size)
-        self.intermediate_size = int(intermediate_size)
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
         self.activation = act
         # Created in LlamaMLP's order with nn.Linear's initialization: under the same seed the
         # weights are those of the transformers module.
@@ -530,6 +563,17 @@ class GatedMLP(nn.Module):
         self.down_proj = CutlassLinear(self.intermediate_size, self.hidden_size, **factory)
         self._pack_gate_up()
         self.register_load_state_dict_post_hook(_repack_after_load)
+
+    @property
+    def activation(self) -> str:
+        """The gated activation, one of ``"silu"``, ``"gelu"``, ``"gelu_tanh"``. Checked when set
+        (a TypeError or ValueError, the old value kept): every forward path (the fused operator,
+        the FP8 one, the projections called one by one) then computes the same function."""
+        return self._activation
+
+    @activation.setter
+    def activation(self, value) -> None:
+        self._activation = _check_gated_activation("GatedMLP.activation", value)
 
     def _pack_gate_up(self) -> None:
         """Lay the gate and up weights (and biases) out as the two halves of one buffer, gate
@@ -583,6 +627,8 @@ class GatedMLP(nn.Module):
         # copy.deepcopy clones each Parameter on its own and pickle does not keep views of one
         # storage either (torch.save does): the copy's gate and up land in separate storages.
         super().__setstate__(state)
+        if "activation" in self.__dict__:  # pickled before it was a property
+            self._activation = self.__dict__.pop("activation")
         self._pack_gate_up()
 
     def extra_repr(self) -> str:
@@ -615,11 +661,13 @@ class GatedMLP(nn.Module):
             mlp: the module to convert. Its gate and up Parameters are re-laid-out into one
                 buffer (same values, same Parameter objects), which ``mlp`` itself then uses too.
             activation: one of ``"silu"``, ``"gelu"``, ``"gelu_tanh"``; None (default) reads it
-                from ``mlp.act_fn``: ``nn.SiLU`` / ``F.silu`` / transformers' ``SiLUActivation``
+                from a ``GatedMLP``'s ``activation``, else from ``mlp.act_fn``: ``nn.SiLU`` / ``F.silu`` / transformers' ``SiLUActivation``
                 -> ``"silu"``; ``nn.GELU()`` / ``F.gelu`` / ``GELUActivation`` -> ``"gelu"``;
                 ``nn.GELU(approximate="tanh")`` / ``GELUTanh`` (``PytorchGELUTanh``) /
                 ``NewGELUActivation`` -> ``"gelu_tanh"``.
             precision, fp8_recipe: as in the constructor (the projections become FP8 layers).
+                None keeps what the projections have: ``CutlassLinear`` projections in FP8 stay
+                in FP8 with their recipe (see :meth:`CutlassLinear.from_linear`).
 
         Training mode and the hooks of ``mlp`` (and of its projections) are carried over.
 
@@ -631,7 +679,7 @@ class GatedMLP(nn.Module):
         where = "GatedMLP.from_module"
         if activation is not None:
             act = _check_gated_activation(where, activation)
-        recipe = _check_precision(where, precision, fp8_recipe)
+        _check_precision(where, precision, fp8_recipe)
         if not isinstance(mlp, nn.Module):
             raise TypeError(
                 f"cutlass_nn.{where}: argument 'mlp' must be an nn.Module, got "
@@ -640,7 +688,9 @@ class GatedMLP(nn.Module):
         problem = _gated_mlp_problem(mlp)
         if problem is not None:
             raise TypeError(f"cutlass_nn.{where}: argument 'mlp' {problem}")
-        if activation is None:
+        if activation is None and isinstance(mlp, GatedMLP):
+            act = mlp.activation
+        elif activation is None:
             act_fn = getattr(mlp, "act_fn", None)
             act = _gated_activation_of(act_fn)
             if act is None:
@@ -656,8 +706,9 @@ class GatedMLP(nn.Module):
         layer.intermediate_size = mlp.gate_proj.out_features
         layer.activation = act
         for name in ("gate_proj", "up_proj", "down_proj"):
+            # the caller's fp8_recipe as given: None keeps an FP8 projection's own recipe
             setattr(layer, name, CutlassLinear.from_linear(getattr(mlp, name), precision=precision,
-                                                           fp8_recipe=recipe))
+                                                           fp8_recipe=fp8_recipe))
         # only the module's own flag: each projection keeps its mode (from_linear copied it)
         layer.training = mlp.training
         _copy_hooks(mlp, layer)
@@ -685,18 +736,14 @@ class LinearCrossEntropyLoss(nn.Module):
         label_smoothing: float = 0.0,
         chunk_size: int | None = None,
     ) -> None:
-        super().__init__()
-        from cutlass_nn.linear_cross_entropy import REDUCTIONS
+        from cutlass_nn.linear_cross_entropy import _check_options
 
-        if reduction not in REDUCTIONS:
-            raise ValueError(
-                "cutlass_nn.LinearCrossEntropyLoss: argument 'reduction' must be one of "
-                f"{', '.join(map(repr, REDUCTIONS))}, got {reduction!r}"
-            )
-        self.ignore_index = int(ignore_index)
-        self.reduction = reduction
-        self.label_smoothing = float(label_smoothing)
-        self.chunk_size = chunk_size
+        # checked here as the function checks them: a bad value fails at construction, not at
+        # the first training step
+        options = _check_options("LinearCrossEntropyLoss", ignore_index, reduction,
+                                 label_smoothing, chunk_size)
+        super().__init__()
+        self.ignore_index, self.reduction, self.label_smoothing, self.chunk_size = options
 
     def forward(
         self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None

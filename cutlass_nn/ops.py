@@ -19,6 +19,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from cutlass_nn import _checks
 from cutlass_nn import _extension
 from cutlass_nn import _inductor_lowerings
 
@@ -53,7 +54,11 @@ def linear_wgrad_accumulate_(grad_weight: Tensor, grad_output: Tensor, input: Te
 
 def bias_grad(grad_output: Tensor) -> Tensor:
     """``grad_output`` summed over every leading dim: the bias gradient of linear; -> [out]."""
-    return _ops.bias_grad.default(grad_output)
+    try:
+        return _ops.bias_grad.default(grad_output)
+    except Exception:  # None reaches the operator as no tensor at all: name the argument
+        _checks.check_tensors("bias_grad", {"grad_output": grad_output})
+        raise
 
 
 def mm(a: Tensor, b: Tensor) -> Tensor:
@@ -97,6 +102,14 @@ def scale_(x: Tensor, factor: Tensor) -> None:
     synchronization, and on CUDA a factor of exactly 1 costs one launch and no pass over ``x``
     (what the fused head's backward relies on after a plain ``loss.backward()``)."""
     _ops.scale_.default(x, factor)
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype when autocast is on for ``device_type``, else None; also None for a
+    device type autocast does not know (meta), where torch.is_autocast_enabled raises."""
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
 
 
 def _activation_message(op: str, activation) -> str:
@@ -247,8 +260,14 @@ def cross_entropy_rows_(
     for out-of-range ones. One read for the statistics, one read and one write for the
     gradient. The building block of :func:`cutlass_nn.functional.linear_cross_entropy`; not
     differentiable itself."""
+    op = "cross_entropy_rows_"
+    if write_grad is not True and write_grad is not False:
+        _checks.check_bool(op, "write_grad", write_grad)
     return _ops.cross_entropy_rows_.default(
-        logits, target, row_scale, int(ignore_index), float(label_smoothing), bool(write_grad)
+        logits, target, row_scale,
+        _checks.check_int(op, "ignore_index", ignore_index, _checks.INT64_MIN, _checks.INT64_MAX,
+                          expected=_checks.INT64_TEXT),
+        _checks.check_real(op, "label_smoothing", label_smoothing), write_grad,
     )
 
 
@@ -297,9 +316,10 @@ def fp8_scaled_mm(
     bfloat16 kernel skip that promotion (faster, less accurate over a long ``K``). Every other
     case, and the CPU, computes the same arithmetic with ATen operations (the dequantized
     operands multiplied in float32). Not differentiable (float8 tensors carry no gradient)."""
-    return _ops.fp8_scaled_mm.default(
-        a, b, a_scale, b_scale, bias, out_dtype, bool(use_fast_accum)
-    )
+    # identity tests first: this runs for every FP8 GEMM; the helper only raises
+    if use_fast_accum is not True and use_fast_accum is not False:
+        _checks.check_bool("fp8_scaled_mm", "use_fast_accum", use_fast_accum)
+    return _ops.fp8_scaled_mm.default(a, b, a_scale, b_scale, bias, out_dtype, use_fast_accum)
 
 
 def fp8_quantize(
@@ -315,7 +335,9 @@ def fp8_quantize(
     :func:`cutlass_nn.fp8_reference.quantize_unchecked` (the CPU computes exactly that; CUDA
     runs two passes over ``x``: the maximum, then the scaled cast). No host synchronization; a
     non-finite element gives its slice a non-finite scale and NaN data. Not differentiable."""
-    return _ops.fp8_quantize.default(x, format, axis, bool(transpose))
+    if transpose is not True and transpose is not False:  # bool("no") would be True
+        _checks.check_bool("fp8_quantize", "transpose", transpose)
+    return _ops.fp8_quantize.default(x, format, axis, transpose)
 
 
 def fp8_quantize_both(
@@ -339,7 +361,9 @@ def fp8_cast(x: Tensor, scale: Tensor, format: str = "e4m3", transpose: bool = F
     :func:`fp8_quantize` of the same tensor returned; with ``transpose`` the data of ``x^T``
     (``[C, R]``, contiguous). One pass over ``x`` (no maximum). Bitwise
     :func:`cutlass_nn.fp8_reference.cast_with_scale`. Not differentiable."""
-    return _ops.fp8_cast.default(x, scale, format, bool(transpose))
+    if transpose is not True and transpose is not False:  # bool("False") would be True
+        _checks.check_bool("fp8_cast", "transpose", transpose)
+    return _ops.fp8_cast.default(x, scale, format, transpose)
 
 
 def fp8_configs() -> list[str]:

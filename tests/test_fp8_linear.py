@@ -114,7 +114,7 @@ def test_state_dict_and_repr():
 def test_activation_after_fp8_gemm():
     ours = cutlass_nn.CutlassLinear(32, 48, activation="gelu_tanh", precision="fp8")
     x = torch.randn(3, 32)
-    plain = cutlass_nn.CutlassLinear.from_linear(ours, precision="fp8")
+    plain = cutlass_nn.CutlassLinear.from_linear(ours, activation="none")  # keeps the FP8
     assert torch.equal(ours(x), torch.nn.functional.gelu(plain(x), approximate="tanh"))
 
 
@@ -338,7 +338,11 @@ def test_gated_mlp_fp8_errors(args, error, message):
 
 def test_gated_mlp_with_mixed_precisions_calls_the_projections():
     mlp = cutlass_nn.GatedMLP(32, 48, precision="fp8")
-    mlp.up_proj = cutlass_nn.CutlassLinear.from_linear(mlp.up_proj)  # up back in float32
+    # up back in float32: from an nn.Linear with its weight (from_linear of the FP8 layer keeps
+    # the FP8)
+    up = torch.nn.Linear(32, 48, bias=False)
+    up.weight = mlp.up_proj.weight
+    mlp.up_proj = cutlass_nn.CutlassLinear.from_linear(up)
     x = torch.randn(3, 32)
     want = mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
     assert torch.equal(mlp(x), want)
