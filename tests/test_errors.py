@@ -184,3 +184,151 @@ def test_accumulate_error_leaves_grad_weight_unchanged(gw, dy, x, exc, match):
         ops.linear_wgrad_accumulate_(gw, dy, x)
     if gw.device.type != "meta":
         assert torch.equal(gw, before)
+
+
+# ---- arguments written in place -----------------------------------------------------------
+# Every operator that writes into an argument refuses, with its own name and the argument's: an
+# argument whose elements share memory (expand(), stride 0), a leaf that requires grad (or a view
+# of one) while grad mode is on, and operands that share the written argument's memory. The
+# tensors' contents are left as they were.
+
+def _expanded(*shape):
+    return torch.arange(float(shape[-1])).expand(*shape)
+
+
+def _stride0(*shape):
+    return torch.arange(float(shape[-1])).as_strided(shape, (0, 1))
+
+
+OVERLAP = "must not have elements that share memory (it is written in place), got shape "
+LEAF = "must not be a leaf tensor that requires grad, nor a view of one, while grad mode is on"
+
+WRITTEN_CASES = [
+    ("gated_act_backward_ expanded gate_up", lambda: (_expanded(3, 4),),
+     lambda gu: ops.gated_act_backward_(r(3, 2), gu, "silu"),
+     E("cutlass_nn.gated_act_backward_: argument 'gate_up' " + OVERLAP + "[3, 4] with strides [0, 1]")),
+    ("cross_entropy_rows_ expanded logits", lambda: (_expanded(3, 4),),
+     lambda z: ops.cross_entropy_rows_(z, torch.tensor([0, 1, 2]), None, -100, 0.0, True),
+     E("cutlass_nn.cross_entropy_rows_: argument 'logits' " + OVERLAP + "[3, 4] with strides [0, 1]")),
+    ("cross_entropy_rows_ stride-0 logits", lambda: (_stride0(3, 4),),
+     lambda z: ops.cross_entropy_rows_(z, torch.tensor([0, 1, 2]), None, -100, 0.0, True),
+     E("cutlass_nn.cross_entropy_rows_: argument 'logits' " + OVERLAP + "[3, 4] with strides [0, 1]")),
+    ("linear_wgrad_accumulate_ expanded grad_weight", lambda: (_expanded(5, 4),),
+     lambda gw: ops.linear_wgrad_accumulate_(gw, r(3, 5), r(3, 4)),
+     E("cutlass_nn.linear_wgrad_accumulate_: argument 'grad_weight' " + OVERLAP + "[5, 4] with strides [0, 1]")),
+    ("mm.out expanded out", lambda: (_expanded(5, 4),),
+     lambda out: ops.mm.out(r(5, 3), r(3, 4), out=out),
+     E("cutlass_nn.mm.out: argument 'out' " + OVERLAP + "[5, 4] with strides [0, 1]")),
+    ("scale_ expanded x", lambda: (_expanded(5, 4),),
+     lambda x: ops.scale_(x, torch.tensor(2.0)),
+     E("cutlass_nn.scale_: argument 'x' " + OVERLAP + "[5, 4] with strides [0, 1]")),
+    ("gated_act_backward_ leaf gate_up", lambda: (r(3, 4).requires_grad_(),),
+     lambda gu: ops.gated_act_backward_(r(3, 2), gu, "silu"),
+     E("cutlass_nn.gated_act_backward_: argument 'gate_up' " + LEAF) + ".*got a leaf with requires_grad=True"),
+    ("cross_entropy_rows_ leaf logits", lambda: (r(3, 4).requires_grad_(),),
+     lambda z: ops.cross_entropy_rows_(z, torch.tensor([0, 1, 2]), None, -100, 0.0, True),
+     E("cutlass_nn.cross_entropy_rows_: argument 'logits' " + LEAF) + ".*got a leaf with requires_grad=True"),
+    ("linear_wgrad_accumulate_ leaf grad_weight", lambda: (r(5, 4).requires_grad_(),),
+     lambda gw: ops.linear_wgrad_accumulate_(gw, r(3, 5), r(3, 4)),
+     E("cutlass_nn.linear_wgrad_accumulate_: argument 'grad_weight' " + LEAF) + ".*got a leaf"),
+    ("mm.out leaf out", lambda: (r(5, 4).requires_grad_(),),
+     lambda out: ops.mm.out(r(5, 3), r(3, 4), out=out),
+     E("cutlass_nn.mm.out: argument 'out' " + LEAF) + ".*got a leaf"),
+    ("scale_ leaf x", lambda: (r(5, 4).requires_grad_(),),
+     lambda x: ops.scale_(x, torch.tensor(2.0)),
+     E("cutlass_nn.scale_: argument 'x' " + LEAF) + ".*got a leaf with requires_grad=True"),
+    ("scale_ view of a leaf", lambda: (r(5, 4).requires_grad_(),),
+     lambda x: ops.scale_(x[1:], torch.tensor(2.0)),
+     E("cutlass_nn.scale_: argument 'x' " + LEAF) + ".*got a view of a leaf with requires_grad=True"),
+    ("accumulate grad_output is grad_weight", lambda: (r(4, 4),),
+     lambda gw: ops.linear_wgrad_accumulate_(gw, gw, r(4, 4)),
+     E("cutlass_nn.linear_wgrad_accumulate_: argument 'grad_output' must not share memory with 'grad_weight' (which is written in place)")),
+    ("accumulate input is grad_weight", lambda: (r(4, 4),),
+     lambda gw: ops.linear_wgrad_accumulate_(gw, r(4, 4), gw),
+     E("cutlass_nn.linear_wgrad_accumulate_: argument 'input' must not share memory with 'grad_weight' (which is written in place)")),
+    ("accumulate input overlaps grad_weight partly", lambda: (r(10, 4),),
+     lambda base: ops.linear_wgrad_accumulate_(base[:5], r(3, 5), base[4:7]),
+     E("cutlass_nn.linear_wgrad_accumulate_: argument 'input' must not share memory with 'grad_weight' (which is written in place)")),
+]
+
+
+@pytest.mark.parametrize("make,call,match", [pytest.param(*c[1:], id=c[0]) for c in WRITTEN_CASES])
+def test_written_arguments_are_checked_and_left_unchanged(make, call, match):
+    args = make()
+    before = [a.detach().clone() for a in args]
+    with pytest.raises(RuntimeError, match=match):
+        call(*args)
+    for a, b in zip(args, before):
+        assert torch.equal(a.detach(), b)
+
+
+def test_a_leaf_that_requires_grad_may_be_written_under_no_grad():
+    # what torch's in-place operations allow too: the leaf check is about recording autograd
+    x = r(5, 4).requires_grad_()
+    want = x.detach() * 2
+    with torch.no_grad():
+        ops.scale_(x, torch.tensor(2.0))
+    assert torch.equal(x.detach(), want)
+
+
+def test_mm_out_of_another_shape_is_resized_even_when_expanded():
+    # an `out` that is resized gets fresh strides before it is written: not refused
+    a, b = r(5, 3), r(3, 4)
+    out = torch.zeros(1, 2).expand(3, 2)
+    with pytest.warns(UserWarning, match="resized"):
+        cutlass_nn.mm(a, b, out=out)
+    torch.testing.assert_close(out, a @ b)
+
+
+def _linear_step(layer, x, g):
+    cutlass_nn.functional.linear(x, layer.weight).mul(g).sum().backward()
+
+
+def test_fused_accumulation_into_a_grad_that_shares_the_input_takes_the_usual_path():
+    """A .grad sharing memory with the layer's input: the fused path would add into it while
+    the GEMM still reads it (a wrong sum before); the usual path gives the right one."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4, 4, generator=gen, dtype=torch.float64))
+    x = torch.randn(4, 4, generator=gen, dtype=torch.float64)
+    g = torch.randn(4, 4, generator=gen, dtype=torch.float64)
+    want = x + g.t() @ x
+    w.grad = x  # the same tensor
+    with cutlass_nn.fused_wgrad_accumulation():
+        cutlass_nn.functional.linear(x, w).mul(g).sum().backward()
+    torch.testing.assert_close(w.grad, want, rtol=1e-12, atol=1e-12)
+
+
+def test_main_grad_that_is_the_input_takes_the_usual_path():
+    gen = torch.Generator().manual_seed(1)
+    layer = cutlass_nn.CutlassLinear(4, 4, bias=False, dtype=torch.float64)
+    (buffer,) = cutlass_nn.attach_main_grads(layer).values()
+    buffer.copy_(torch.randn(4, 4, generator=gen, dtype=torch.float64))
+    g = torch.randn(4, 4, generator=gen, dtype=torch.float64)
+    want = buffer + g.t() @ buffer
+    try:
+        layer(buffer).mul(g).sum().backward()  # the input is the weight's main gradient
+    finally:
+        cutlass_nn.detach_main_grads(layer)
+    torch.testing.assert_close(buffer, want, rtol=1e-12, atol=1e-12)
+    assert layer.weight.grad is None
+
+
+def test_gated_mlp_main_grad_that_is_the_input_takes_the_usual_path():
+    import copy
+
+    gen = torch.Generator().manual_seed(2)
+    torch.manual_seed(2)
+    mlp = cutlass_nn.GatedMLP(4, 3, dtype=torch.float64)
+    ref = copy.deepcopy(mlp)
+    buffers = cutlass_nn.attach_main_grads(mlp)
+    gate = buffers["gate_proj.weight"]  # [3, 4]: a batch of 3 inputs, one storage with up's
+    gate.copy_(torch.randn(3, 4, generator=gen, dtype=torch.float64))
+    g = torch.randn(3, 4, generator=gen, dtype=torch.float64)
+    ref(gate.clone()).mul(g).sum().backward()
+    want = {name: buffers[name] + p.grad for name, p in ref.named_parameters()}
+    try:
+        mlp(gate).mul(g).sum().backward()
+    finally:
+        cutlass_nn.detach_main_grads(mlp)
+    for name in want:
+        torch.testing.assert_close(buffers[name], want[name], rtol=1e-12, atol=1e-12, msg=name)

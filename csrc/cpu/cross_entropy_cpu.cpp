@@ -16,7 +16,7 @@ namespace {
 std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_cpu(
     const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& row_scale,
     int64_t ignore_index, double label_smoothing, bool write_grad) {
-  check_cross_entropy_rows_args(logits, target, row_scale, label_smoothing);
+  check_cross_entropy_rows_args(logits, target, row_scale, label_smoothing, write_grad);
   const auto stat = rms_norm_stat_dtype(logits.scalar_type());
   const int64_t vocab = logits.size(1);
   const double eps = label_smoothing;
