@@ -332,3 +332,41 @@ def test_gated_mlp_main_grad_that_is_the_input_takes_the_usual_path():
         cutlass_nn.detach_main_grads(mlp)
     for name in want:
         torch.testing.assert_close(buffers[name], want[name], rtol=1e-12, atol=1e-12, msg=name)
+
+
+# ---- non-finite logits --------------------------------------------------------------------
+# cross_entropy_rows_'s lse is torch.logsumexp's also for rows whose maximum is infinite (+inf
+# for a +inf logit, -inf for a row of -inf; NaN stays NaN), and its loss and gradient are
+# F.cross_entropy's for every row (NaN for those rows).
+
+INF, NAN = float("inf"), float("nan")
+NONFINITE_ROWS = [
+    [0.0, INF, 1.0],     # one +inf
+    [-INF, -INF, -INF],  # all -inf
+    [INF, INF, INF],     # all +inf
+    [-INF, 0.5, INF],    # +inf and -inf
+    [NAN, INF, 0.0],     # NaN beside +inf: NaN
+    [-INF, -INF, NAN],   # NaN beside -inf: NaN
+    [-INF, 2.0, -INF],   # finite maximum, -inf elsewhere: finite
+    [1.0, 2.0, 3.0],
+]
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_cross_entropy_rows_of_non_finite_logits_match_torch(dtype, smoothing):
+    z = torch.tensor(NONFINITE_ROWS, dtype=dtype)
+    t = torch.tensor([0, 1, 2, 0, 1, 2, 1, 2])
+    z_ref = z.clone().requires_grad_()
+    ref_loss = torch.nn.functional.cross_entropy(z_ref, t, reduction="none", label_smoothing=smoothing)
+    (ref_grad,) = torch.autograd.grad(ref_loss.sum(), z_ref)
+    buf = z.clone()
+    loss, lse = ops.cross_entropy_rows_(buf, t, None, -100, smoothing, True)
+    torch.testing.assert_close(lse, torch.logsumexp(z, 1), equal_nan=True)
+    torch.testing.assert_close(loss, ref_loss.detach(), equal_nan=True)
+    torch.testing.assert_close(buf, ref_grad, equal_nan=True)
+    # ignored rows: zero loss and gradient, the same lse
+    buf = z.clone()
+    loss, lse2 = ops.cross_entropy_rows_(buf, torch.full_like(t, -100), None, -100, smoothing, True)
+    assert torch.equal(loss, torch.zeros_like(loss)) and torch.equal(buf, torch.zeros_like(buf))
+    torch.testing.assert_close(lse2, lse, equal_nan=True)
