@@ -302,7 +302,9 @@ c10::ScalarType rms_norm_stat_dtype(c10::ScalarType dtype) {
 }
 
 // weight [features] of input's dtype, or float32 beside 16-bit activations (a float32 master
-// weight under autocast).
+// weight under autocast). A features mismatch names the activations, not the weight: the weight
+// is the layer's parameter (cutlass_nn.RMSNorm(4) given a [*, 5] input), so it is the input that
+// does not fit, as in linear's in_features check.
 static void check_norm_weight(const char* op, const at::Tensor& weight, const char* ref_arg,
                               const at::Tensor& ref) {
   const auto dtype = ref.scalar_type();
@@ -313,20 +315,19 @@ static void check_norm_weight(const char* op, const at::Tensor& weight, const ch
               dtype_name(weight.scalar_type()));
   check_same_device(op, "weight", weight, ref_arg, ref);
   check_dim(op, "weight", weight, 1, "[features]");
-  check_size(op, "weight", weight, 0, ref.size(-1), (std::string("features = ") + ref_arg +
-                                                     ".shape[-1]").c_str());
+  check_size(op, ref_arg, ref, ref.dim() - 1, weight.size(0), "features = weight.shape[0]");
 }
 
-void check_rms_norm_args(const char* op, const at::Tensor& input, const at::Tensor* residual,
-                         const at::Tensor& weight, double eps) {
-  check_float_dtype(op, "input", input);
-  check_min_dim(op, "input", input, 1, "[*, features]");
+void check_rms_norm_args(const char* op, const char* input_arg, const at::Tensor& input,
+                         const at::Tensor* residual, const at::Tensor& weight, double eps) {
+  check_float_dtype(op, input_arg, input);
+  check_min_dim(op, input_arg, input, 1, "[*, features]");
   if (residual != nullptr) {
-    check_same_dtype(op, "residual", *residual, "input", input);
-    check_same_device(op, "residual", *residual, "input", input);
-    check_same_shape(op, "residual", *residual, "input", input);
+    check_same_dtype(op, "residual", *residual, input_arg, input);
+    check_same_device(op, "residual", *residual, input_arg, input);
+    check_same_shape(op, "residual", *residual, input_arg, input);
   }
-  check_norm_weight(op, weight, "input", input);
+  check_norm_weight(op, weight, input_arg, input);
   // doubles go into messages as strings: streaming a double into the message crashed the
   // CUDA-flavor build on the GPU machine (torch 2.11)
   TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, "cutlass_nn.", op,

@@ -99,11 +99,12 @@ void check_cross_entropy_rows_args(const at::Tensor& logits, const at::Tensor& t
                                    const std::optional<at::Tensor>& row_scale,
                                    double label_smoothing, bool write_grad);
 
-// rms_norm / add_rms_norm(input [*, features], residual (add_rms_norm: input's shape, dtype and
-// device), weight [features], eps): weight has input's dtype, or float32 for 16-bit input; eps
-// is finite and >= 0. `residual` may be nullptr (rms_norm).
-void check_rms_norm_args(const char* op, const at::Tensor& input, const at::Tensor* residual,
-                         const at::Tensor& weight, double eps);
+// rms_norm(input, weight, eps) / add_rms_norm(x, residual, weight, eps): the activations
+// [*, features] (named `input_arg`: "input" or "x", the schema's name), residual (add_rms_norm:
+// their shape, dtype and device), weight [features] of their dtype, or float32 for 16-bit
+// activations; eps finite and >= 0. `residual` may be nullptr (rms_norm).
+void check_rms_norm_args(const char* op, const char* input_arg, const at::Tensor& input,
+                         const at::Tensor* residual, const at::Tensor& weight, double eps);
 
 // rms_norm_backward(grad_output, grad_h?, h, weight, rstd): grad_output (and grad_h) with h's
 // shape, dtype and device; weight as for rms_norm; rstd [*] (h's leading dims) in the statistics

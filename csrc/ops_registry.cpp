@@ -301,10 +301,11 @@ TORCH_LIBRARY(cutlass_nn, m) {
   // h = input and rstd = 1 / sqrt(mean(h^2) + eps) ([*], float32; float64 for float64 input).
   // weight has input's dtype, or float32 beside 16-bit input.
   m.def("rms_norm(Tensor input, Tensor weight, float eps) -> (Tensor, Tensor)", tags);
-  // The same of h = input + residual (the residual stream of a pre-norm transformer block):
-  // (out, h, rstd), h being the new residual.
+  // The same of h = x + residual (the residual stream of a pre-norm transformer block):
+  // (out, h, rstd), h being the new residual. (x, not input: the name of
+  // cutlass_nn.add_rms_norm's argument, which the errors name.)
   m.def(
-      "add_rms_norm(Tensor input, Tensor residual, Tensor weight, float eps) -> "
+      "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> "
       "(Tensor, Tensor, Tensor)",
       tags);
   // Their backward: (grad_h, grad_weight) for output gradient grad_output plus grad_h (the

@@ -159,11 +159,11 @@ def rms_norm(input: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]
 
 
 def add_rms_norm(
-    input: Tensor, residual: Tensor, weight: Tensor, eps: float
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`rms_norm` of ``h = input + residual`` (rounded to the dtype, as the unfused add
+    """:func:`rms_norm` of ``h = x + residual`` (rounded to the dtype, as the unfused add
     is) in one pass: ``(out, h, rstd)``; ``h`` is the new residual stream."""
-    return _ops.add_rms_norm.default(input, residual, weight, eps)
+    return _ops.add_rms_norm.default(x, residual, weight, eps)
 
 
 def rms_norm_backward(

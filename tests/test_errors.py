@@ -370,3 +370,28 @@ def test_cross_entropy_rows_of_non_finite_logits_match_torch(dtype, smoothing):
     loss, lse2 = ops.cross_entropy_rows_(buf, torch.full_like(t, -100), None, -100, smoothing, True)
     assert torch.equal(loss, torch.zeros_like(loss)) and torch.equal(buf, torch.zeros_like(buf))
     torch.testing.assert_close(lse2, lse, equal_nan=True)
+
+
+# ---- the right operator and argument --------------------------------------------------------
+NAME_CASES = [
+    ("add_rms_norm features of x", lambda: cutlass_nn.add_rms_norm(r(2, 5), r(2, 5), r(4)),
+     E("cutlass_nn.add_rms_norm: argument 'x' must have size 4 in dimension 1 (features = weight.shape[0]), got shape [2, 5]")),
+    ("add_rms_norm residual shape", lambda: cutlass_nn.add_rms_norm(r(2, 5), r(3, 5), r(5)),
+     E("cutlass_nn.add_rms_norm: argument 'residual' must have the shape of 'x' [2, 5], got [3, 5]")),
+    ("add_rms_norm int x", lambda: ops.add_rms_norm(torch.ones(2, 5, dtype=torch.int32), torch.ones(2, 5, dtype=torch.int32), r(5), 1e-6),
+     E("cutlass_nn.add_rms_norm: argument 'x' must have a floating dtype")),
+    ("AddRMSNorm features of x", lambda: cutlass_nn.AddRMSNorm(4)(r(2, 5), r(2, 5)),
+     E("cutlass_nn.add_rms_norm: argument 'x' must have size 4 in dimension 1 (features = weight.shape[0]), got shape [2, 5]")),
+    ("RMSNorm features of input", lambda: cutlass_nn.RMSNorm(4)(r(2, 5)),
+     E("cutlass_nn.rms_norm: argument 'input' must have size 4 in dimension 1 (features = weight.shape[0]), got shape [2, 5]")),
+    ("rms_norm features of input 3-d", lambda: cutlass_nn.rms_norm(r(2, 3, 5), r(4)),
+     E("cutlass_nn.rms_norm: argument 'input' must have size 4 in dimension 2 (features = weight.shape[0]), got shape [2, 3, 5]")),
+    ("rms_norm_backward features of h", lambda: ops.rms_norm_backward(r(2, 5), None, r(2, 5), r(4), r(2), True),
+     E("cutlass_nn.rms_norm_backward: argument 'h' must have size 4 in dimension 1 (features = weight.shape[0]), got shape [2, 5]")),
+]
+
+
+@pytest.mark.parametrize("fn,match", [pytest.param(*c[1:], id=c[0]) for c in NAME_CASES])
+def test_errors_name_the_operator_and_argument_called(fn, match):
+    with pytest.raises(RuntimeError, match=match):
+        fn()
