@@ -297,6 +297,25 @@ void check_activation_grad_args(const at::Tensor& grad_output, const at::Tensor&
   check_same_shape(op, "preact", preact, "grad_output", grad_output);
 }
 
+void check_main_grad_args(const at::Tensor& weight, const at::Tensor& buffer) {
+  const char* op = "_set_main_grad";
+  check_float_dtype(op, "weight", weight);
+  // what grad_to_accumulate_into (csrc/autograd/autograd_kernels.cpp) adds into with the
+  // weight-gradient GEMM; any other buffer would only ever be filled by the fold-in hook
+  const auto dtype = weight.scalar_type();
+  const bool half = dtype == c10::kHalf || dtype == c10::kBFloat16;
+  TORCH_CHECK(buffer.scalar_type() == dtype || (half && buffer.scalar_type() == c10::kFloat),
+              "cutlass_nn.", op, ": argument 'buffer' must have dtype ", dtype_name(dtype),
+              " (the dtype of 'weight')", half ? " or float32" : "", ", got ",
+              dtype_name(buffer.scalar_type()));
+  check_same_device(op, "buffer", buffer, "weight", weight);
+  check_same_shape(op, "buffer", buffer, "weight", weight);
+  TORCH_CHECK(buffer.is_contiguous(), "cutlass_nn.", op,
+              ": argument 'buffer' must be contiguous (the weight-gradient GEMM adds into it in "
+              "place), got strides ",
+              shape_string(buffer.strides()));
+}
+
 c10::ScalarType rms_norm_stat_dtype(c10::ScalarType dtype) {
   return dtype == c10::kDouble ? c10::kDouble : c10::kFloat;
 }

@@ -113,6 +113,11 @@ void check_rms_norm_backward_args(const at::Tensor& grad_output,
                                   const std::optional<at::Tensor>& grad_h, const at::Tensor& h,
                                   const at::Tensor& weight, const at::Tensor& rstd);
 
+// _set_main_grad(weight, buffer) with a buffer (not None): buffer of the weight's shape, on its
+// device, contiguous, with the weight's dtype or float32 beside a 16-bit weight -- the buffers
+// the weight-gradient GEMMs add into (csrc/autograd/main_grad_registry.h).
+void check_main_grad_args(const at::Tensor& weight, const at::Tensor& buffer);
+
 // The dtype of rms_norm's rstd (its float statistics) for input dtype `dtype`.
 c10::ScalarType rms_norm_stat_dtype(c10::ScalarType dtype);
 

@@ -25,6 +25,7 @@
 
 #include "autograd/main_grad_registry.h"
 #include "autograd/wgrad_accumulation.h"
+#include "op_checks.h"
 
 #ifdef CUTLASS_NN_WITH_CUDA
 #include "cuda/fp8_cuda.h"
@@ -223,10 +224,7 @@ static bool fused_wgrad_accumulation_mode(int64_t mode) {
 // The main-gradient registry (csrc/autograd/main_grad_registry.h) behind
 // cutlass_nn.attach_main_grads / detach_main_grads.
 static void set_main_grad_op(const at::Tensor& weight, const std::optional<at::Tensor>& buffer) {
-  if (buffer.has_value() && buffer->defined()) {
-    TORCH_CHECK(buffer->sizes() == weight.sizes(),
-                "cutlass_nn._set_main_grad: argument 'buffer' must have the weight's shape");
-  }
+  if (buffer.has_value() && buffer->defined()) check_main_grad_args(weight, *buffer);
   set_main_grad(weight, buffer.has_value() ? *buffer : at::Tensor());
 }
 

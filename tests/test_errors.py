@@ -395,3 +395,48 @@ NAME_CASES = [
 def test_errors_name_the_operator_and_argument_called(fn, match):
     with pytest.raises(RuntimeError, match=match):
         fn()
+
+
+# ---- main-gradient buffers ------------------------------------------------------------------
+MAIN_GRAD_CASES = [
+    ("float16 buffer of a float32 weight", torch.float32, lambda: torch.zeros(3, 4, dtype=torch.float16),
+     E("cutlass_nn._set_main_grad: argument 'buffer' must have dtype float32 (the dtype of 'weight'), got float16")),
+    ("int buffer", torch.float32, lambda: torch.zeros(3, 4, dtype=torch.int32),
+     E("cutlass_nn._set_main_grad: argument 'buffer' must have dtype float32 (the dtype of 'weight'), got int32")),
+    ("float64 buffer of a bfloat16 weight", torch.bfloat16, lambda: torch.zeros(3, 4, dtype=torch.float64),
+     E("cutlass_nn._set_main_grad: argument 'buffer' must have dtype bfloat16 (the dtype of 'weight') or float32, got float64")),
+    ("meta buffer", torch.float32, lambda: meta(3, 4),
+     E("cutlass_nn._set_main_grad: argument 'buffer' must be on device cpu (the device of 'weight'), got meta")),
+    ("transposed buffer", torch.float32, lambda: torch.zeros(4, 3).t(),
+     E("cutlass_nn._set_main_grad: argument 'buffer' must be contiguous (the weight-gradient GEMM adds into it in place), got strides [1, 3]")),
+    ("buffer shape", torch.float32, lambda: torch.zeros(4, 3),
+     E("cutlass_nn._set_main_grad: argument 'buffer' must have the shape of 'weight' [3, 4], got [4, 3]")),
+]
+
+
+@pytest.mark.parametrize("wdtype,make,match", [pytest.param(*c[1:], id=c[0]) for c in MAIN_GRAD_CASES])
+def test_set_main_grad_checks_the_buffer(wdtype, make, match):
+    w = torch.nn.Parameter(torch.zeros(3, 4, dtype=wdtype))
+    with pytest.raises(RuntimeError, match=match):
+        ops._set_main_grad(w, make())
+    assert ops._main_grad(w) is None  # nothing registered
+
+
+@pytest.mark.parametrize("wdtype,bdtype", [
+    (torch.float32, torch.float32), (torch.float16, torch.float32), (torch.bfloat16, torch.float32),
+    (torch.float16, torch.float16), (torch.float64, torch.float64),
+])
+def test_set_main_grad_takes_the_buffers_the_gemms_add_into(wdtype, bdtype):
+    w = torch.nn.Parameter(torch.zeros(3, 4, dtype=wdtype))
+    buffer = torch.zeros(3, 4, dtype=bdtype)
+    ops._set_main_grad(w, buffer)
+    try:
+        assert ops._main_grad(w) is buffer
+    finally:
+        ops._set_main_grad(w, None)
+
+
+def test_set_main_grad_int_weight():
+    w = torch.zeros(3, 4, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match=E("cutlass_nn._set_main_grad: argument 'weight' must have a floating dtype (float16, bfloat16, float32 or float64), got int64")):
+        ops._set_main_grad(w, torch.zeros(3, 4, dtype=torch.int64))
