@@ -440,3 +440,108 @@ def test_set_main_grad_int_weight():
     w = torch.zeros(3, 4, dtype=torch.int64)
     with pytest.raises(RuntimeError, match=E("cutlass_nn._set_main_grad: argument 'weight' must have a floating dtype (float16, bfloat16, float32 or float64), got int64")):
         ops._set_main_grad(w, torch.zeros(3, 4, dtype=torch.int64))
+
+
+# ---- mixed devices and fake tensors ---------------------------------------------------------
+# A call mixing cpu and meta tensors runs the Meta kernel (the fake implementation), which must
+# check devices like the C++ checks do instead of returning uninitialized outputs, and name the
+# operator called (gated_act_backward_, not gated_act_backward); and under FakeTensorMode every
+# check gives the C++ check's message, shapes included.
+
+LONG = torch.long
+MIXED_DEVICE_CASES = [
+    ("cross_entropy_rows_ row_scale on meta",
+     lambda z: ops.cross_entropy_rows_(z, torch.tensor([0, 1]), meta(2), -100, 0.0, True),
+     E("cutlass_nn.cross_entropy_rows_: argument 'row_scale' must be on device cpu (the device of 'logits'), got meta")),
+    ("cross_entropy_rows_ target on meta",
+     lambda z: ops.cross_entropy_rows_(z, torch.empty(2, dtype=LONG, device="meta"), None, -100, 0.0, True),
+     E("cutlass_nn.cross_entropy_rows_: argument 'target' must be on device cpu (the device of 'logits'), got meta")),
+    ("cross_entropy_rows_ logits on meta",
+     lambda z: ops.cross_entropy_rows_(meta(2, 3), torch.tensor([0, 1]), None, -100, 0.0, True),
+     E("cutlass_nn.cross_entropy_rows_: argument 'target' must be on device meta (the device of 'logits'), got cpu")),
+    ("cross_entropy_rows_ logits and target on meta",
+     lambda z: ops.cross_entropy_rows_(meta(2, 3), torch.empty(2, dtype=LONG, device="meta"), r(2), -100, 0.0, True),
+     E("cutlass_nn.cross_entropy_rows_: argument 'row_scale' must be on device meta (the device of 'logits'), got cpu")),
+    ("rms_norm_backward rstd on meta",
+     lambda z: ops.rms_norm_backward(r(2, 3), None, r(2, 3), r(3), meta(2), True),
+     E("cutlass_nn.rms_norm_backward: argument 'rstd' must be on device cpu (the device of 'h'), got meta")),
+    ("rms_norm_backward h on meta",
+     lambda z: ops.rms_norm_backward(r(2, 3), None, meta(2, 3), r(3), r(2), True),
+     E("cutlass_nn.rms_norm_backward: argument 'grad_output' must be on device meta (the device of 'h'), got cpu")),
+    ("rms_norm_backward grad_h on meta",
+     lambda z: ops.rms_norm_backward(r(2, 3), meta(2, 3), r(2, 3), r(3), r(2), True),
+     E("cutlass_nn.rms_norm_backward: argument 'grad_h' must be on device cpu (the device of 'h'), got meta")),
+    ("gated_act_backward_ device (meta kernel)", lambda z: ops.gated_act_backward_(r(3, 2), meta(3, 4), "silu"),
+     E("cutlass_nn.gated_act_backward_: argument 'grad_output' must be on device meta (the device of 'gate_up'), got cpu")),
+    ("gated_act_backward_ activation (meta kernel)", lambda z: ops.gated_act_backward_(meta(3, 2), meta(3, 4), "relu"),
+     E('cutlass_nn.gated_act_backward_: argument \'activation\' must be one of "silu", "gelu", "gelu_tanh", got "relu"')),
+    ("gated_act_backward_ shape (meta kernel)", lambda z: ops.gated_act_backward_(meta(3, 3), meta(3, 4), "silu"),
+     E("cutlass_nn.gated_act_backward_: argument 'grad_output' must have shape [3, 2] (that of 'gate_up' with the last dimension halved), got [3, 3]")),
+]
+
+
+@pytest.mark.parametrize("call,match", [pytest.param(*c[1:], id=c[0]) for c in MIXED_DEVICE_CASES])
+def test_mixed_cpu_and_meta_arguments_are_refused(call, match):
+    logits = r(2, 3)
+    before = logits.clone()
+    with pytest.raises(RuntimeError, match=match):
+        call(logits)
+    assert torch.equal(logits, before)
+
+
+# (name, call): bad arguments whose eager (CPU) message the fake implementation must repeat
+FAKE_PARITY_CASES = [
+    ("linear_dgrad out_features", lambda: ops.linear_dgrad(r(3, 6), r(5, 4))),
+    ("linear_dgrad 0-d", lambda: ops.linear_dgrad(r(), r(5, 4))),
+    ("linear_dgrad weight rank", lambda: ops.linear_dgrad(r(3, 5), r(5))),
+    ("linear_wgrad batch", lambda: ops.linear_wgrad(r(2, 5), r(3, 4))),
+    ("linear_wgrad 0-d input", lambda: ops.linear_wgrad(r(3, 5), r())),
+    ("linear in_features", lambda: ops.linear(r(3, 4), r(5, 6))),
+    ("linear weight rank", lambda: ops.linear(r(3, 4), r(1, 5, 4))),
+    ("linear bias size", lambda: ops.linear(r(3, 4), r(5, 4), r(4))),
+    ("linear_act bias rank", lambda: ops.linear_act(r(3, 4), r(5, 4), r(1, 5), "relu")),
+    ("accumulate grad_weight rows", lambda: ops.linear_wgrad_accumulate_(r(4, 5), r(3, 5), r(3, 4))),
+    ("accumulate grad_weight rank", lambda: ops.linear_wgrad_accumulate_(r(5, 4, 1), r(3, 5), r(3, 4))),
+    ("accumulate expanded grad_weight", lambda: ops.linear_wgrad_accumulate_(r(1, 4).expand(5, 4), r(3, 5), r(3, 4))),
+    ("cross_entropy_rows_ vocab 0", lambda: ops.cross_entropy_rows_(r(3, 0), torch.zeros(3, dtype=LONG), None, -100, 0.0, True)),
+    ("cross_entropy_rows_ 1-d logits", lambda: ops.cross_entropy_rows_(r(6), torch.zeros(6, dtype=LONG), None, -100, 0.0, True)),
+    ("cross_entropy_rows_ expanded logits", lambda: ops.cross_entropy_rows_(r(1, 4).expand(3, 4), torch.zeros(3, dtype=LONG), None, -100, 0.0, True)),
+    ("cross_entropy_rows_ target rows", lambda: ops.cross_entropy_rows_(r(3, 4), torch.zeros(2, dtype=LONG), None, -100, 0.0, True)),
+    ("cross_entropy_rows_ target rank", lambda: ops.cross_entropy_rows_(r(3, 4), torch.zeros(3, 1, dtype=LONG), None, -100, 0.0, True)),
+    ("cross_entropy_rows_ row_scale dtype", lambda: ops.cross_entropy_rows_(r(3, 4), torch.zeros(3, dtype=LONG), r(3).double(), -100, 0.0, True)),
+    ("cross_entropy_rows_ row_scale rows", lambda: ops.cross_entropy_rows_(r(3, 4), torch.zeros(3, dtype=LONG), r(4), -100, 0.0, True)),
+    ("cross_entropy_rows_ smoothing", lambda: ops.cross_entropy_rows_(r(3, 4), torch.zeros(3, dtype=LONG), None, -100, 1.5, True)),
+    ("rms_norm features", lambda: ops.rms_norm(r(3, 4), r(5), 1e-6)),
+    ("rms_norm weight rank", lambda: ops.rms_norm(r(3, 4), r(4, 1), 1e-6)),
+    ("rms_norm eps", lambda: ops.rms_norm(r(3, 4), r(4), -1e-6)),
+    ("rms_norm 0-d", lambda: ops.rms_norm(r(), r(1), 1e-6)),
+    ("add_rms_norm residual shape", lambda: ops.add_rms_norm(r(3, 4), r(2, 4), r(4), 1e-6)),
+    ("add_rms_norm features", lambda: ops.add_rms_norm(r(3, 4), r(3, 4), r(5), 1e-6)),
+    ("rms_norm_backward rstd dtype", lambda: ops.rms_norm_backward(r(3, 4), None, r(3, 4), r(4), r(3).double(), True)),
+    ("rms_norm_backward rstd shape", lambda: ops.rms_norm_backward(r(3, 4), None, r(3, 4), r(4), r(4), True)),
+    ("rms_norm_backward features", lambda: ops.rms_norm_backward(r(3, 5), None, r(3, 5), r(4), r(3), True)),
+    ("gated_act_backward_ shape", lambda: ops.gated_act_backward_(r(3, 3), r(3, 4), "silu")),
+    ("gated_act_backward_ activation", lambda: ops.gated_act_backward_(r(3, 2), r(3, 4), "relu")),
+    ("gated_act_backward_ expanded gate_up", lambda: ops.gated_act_backward_(r(3, 2), r(1, 4).expand(3, 4), "silu")),
+    ("gated_act_backward_ odd gate_up", lambda: ops.gated_act_backward_(r(3, 2), r(3, 5), "silu")),
+    ("gated_act_backward 0-d gate_up", lambda: ops.gated_act_backward(r(), r(), "silu")),
+    ("scale_ expanded x", lambda: ops.scale_(r(1, 4).expand(3, 4), torch.tensor(2.0))),
+    ("mm.out expanded out", lambda: ops.mm.out(r(5, 3), r(3, 4), out=r(1, 4).expand(5, 4))),
+]
+
+
+def _message(call) -> str:
+    with pytest.raises(RuntimeError) as info:
+        call()
+    return str(info.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("call", [pytest.param(c[1], id=c[0]) for c in FAKE_PARITY_CASES])
+def test_fake_implementations_give_the_eager_message(call):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    eager = _message(call)
+    assert eager.startswith("cutlass_nn.")
+    with FakeTensorMode():
+        fake = _message(call)
+    assert fake == eager
