@@ -545,3 +545,42 @@ def test_fake_implementations_give_the_eager_message(call):
     with FakeTensorMode():
         fake = _message(call)
     assert fake == eager
+
+
+# ---- README's operator table ----------------------------------------------------------------
+def _readme_operator_signatures():
+    """`name(args)` of every row of README's "Operators" table (the registered schemas)."""
+    import pathlib
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = text[text.index("### Operators"):]
+    table = table[: table.index("\n\n", table.index("| operator |"))]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    first_cells = [row.split(" | ")[0] for row in rows]
+    return [sig for cell in first_cells for sig in re.findall(r"`([A-Za-z_0-9.]+\([^`]*\))`", cell)]
+
+
+def _schema_signature(name: str) -> str:
+    packet, _, overload = name.partition(".")
+    schema = getattr(getattr(ops, packet), overload or "default")._schema
+    args, kw_seen = [], False
+    for a in schema.arguments:
+        if a.kwarg_only and not kw_seen:
+            args.append("*")
+            kw_seen = True
+        if a.default_value is None and not a.has_default_value():
+            args.append(a.name)
+        else:
+            default = a.default_value
+            args.append(f"{a.name}={default!r}" if not isinstance(default, str) else f'{a.name}="{default}"')
+    return f"{name}({', '.join(args)})"
+
+
+def test_readme_operator_table_matches_the_registered_schemas():
+    """The operators' arguments and defaults as README documents them are the schemas'
+    (cross_entropy_rows_ was documented with defaults its schema does not have)."""
+    # (the private hooks, `_name` or `torch.ops.cutlass_nn._name`, are listed with fewer details)
+    signatures = [s for s in _readme_operator_signatures() if not s.startswith(("_", "torch."))]
+    assert len(signatures) >= 20, signatures
+    for sig in signatures:
+        assert sig == _schema_signature(sig[: sig.index("(")]), sig
