@@ -445,9 +445,17 @@ def _fake_same_device(op: str, arg: str, t: Tensor, ref_arg: str, ref: Tensor) -
 
 
 def _overlaps_itself(t: Tensor) -> bool:
-    """at::has_internal_overlap(t) == MemOverlap::Yes: not dense, and a dimension of size > 1
-    with stride 0 (an expand()ed or stride-0 view)."""
-    return not _dense(t) and any(st == 0 and sz > 1 for sz, st in zip(t.shape, t.stride()))
+    """at::has_internal_overlap(t) == MemOverlap::Yes: a dimension of size > 1 with stride 0 (an
+    expand()ed or stride-0 view; such a tensor is never non-overlapping and dense). Only what
+    is known without a guard counts: symbolic strides of a traced tensor are left to the
+    kernel's check at run time rather than specialized here."""
+    # imported here: it pulls in sympy, which `import cutlass_nn` does not otherwise need
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return any(
+        statically_known_true(st == 0) and statically_known_true(sz > 1)
+        for sz, st in zip(t.shape, t.stride())
+    )
 
 
 def _fake_no_internal_overlap(op: str, arg: str, t: Tensor) -> None:
