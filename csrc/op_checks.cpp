@@ -2,8 +2,6 @@
 
 #include "validation.h"
 
-#include <ATen/MemoryOverlap.h>
-
 #include <cmath>
 #include <string>
 #include <utility>
@@ -80,6 +78,11 @@ void check_linear_wgrad_accumulate_args(const at::Tensor& grad_weight,
   check_size(op, "grad_weight", grad_weight, 0, grad_output.size(-1),
              "out_features = grad_output.shape[-1]");
   check_size(op, "grad_weight", grad_weight, 1, input.size(-1), "in_features = input.shape[-1]");
+  check_writable(op, "grad_weight", grad_weight);
+  // The GEMM adds into grad_weight while it still reads its operands: an operand sharing
+  // grad_weight's memory would be read after parts of it were overwritten.
+  check_no_overlap(op, "grad_output", grad_output, "grad_weight", grad_weight);
+  check_no_overlap(op, "input", input, "grad_weight", grad_weight);
 }
 
 void check_bias_grad_args(const at::Tensor& grad_output) {
@@ -97,10 +100,15 @@ void check_mm_args(const char* op, const at::Tensor& a, const at::Tensor& b) {
   check_size(op, "b", b, 0, a.size(1), "m = a.shape[1]");
 }
 
-void check_mm_out_arg(const at::Tensor& a, const at::Tensor& out) {
+void check_mm_out_arg(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
   const char* op = "mm.out";
   check_same_dtype(op, "out", out, "a", a);
   check_same_device(op, "out", out, "a", a);
+  check_not_grad_leaf(op, "out", out);
+  // An `out` of another shape is resized (fresh contiguous strides) before it is written; one of
+  // the result's shape is written as it is, so its elements must not share memory.
+  const bool right_shape = out.dim() == 2 && out.size(0) == a.size(0) && out.size(1) == b.size(1);
+  if (right_shape) check_no_internal_overlap(op, "out", out);
 }
 
 void check_add2_args(const at::Tensor& a, const at::Tensor& b) {
@@ -114,6 +122,7 @@ void check_add2_args(const at::Tensor& a, const at::Tensor& b) {
 void check_scale_args(const at::Tensor& x, const at::Tensor& factor) {
   const char* op = "scale_";
   check_float_dtype(op, "x", x);
+  check_writable(op, "x", x);
   TORCH_CHECK(x.is_contiguous(), "cutlass_nn.", op,
               ": argument 'x' must be contiguous (it is scaled in place), got strides ",
               shape_string(x.strides()));
@@ -123,10 +132,7 @@ void check_scale_args(const at::Tensor& x, const at::Tensor& factor) {
               " (the statistics dtype of 'x'), got ", dtype_name(factor.scalar_type()));
   check_same_device(op, "factor", factor, "x", x);
   check_dim(op, "factor", factor, 0, "(a single value)");
-  const auto overlap = at::get_overlap_status(x, factor);
-  TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
-              "cutlass_nn.", op,
-              ": argument 'factor' must not share memory with 'x' (which is written in place)");
+  check_no_overlap(op, "factor", factor, "x", x);
 }
 
 void check_rotary_args(const char* op, const char* q_name, const char* k_name, const at::Tensor& q,
@@ -203,25 +209,23 @@ void check_gated_act_backward_args(const at::Tensor& grad_output, const at::Tens
 
 void check_gate_up_writable(const char* op, const at::Tensor& gate_up,
                             const at::Tensor& grad_output) {
+  check_writable(op, "gate_up", gate_up);
   TORCH_CHECK(gate_up.is_contiguous(), "cutlass_nn.", op,
               ": argument 'gate_up' must be contiguous (it is written in place), got strides ",
               shape_string(gate_up.strides()));
-  const auto overlap = at::get_overlap_status(gate_up, grad_output);
-  TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
-              "cutlass_nn.", op,
-              ": argument 'grad_output' must not share memory with 'gate_up' (which is written "
-              "in place)");
+  check_no_overlap(op, "grad_output", grad_output, "gate_up", gate_up);
 }
 
 void check_cross_entropy_rows_args(const at::Tensor& logits, const at::Tensor& target,
                                    const std::optional<at::Tensor>& row_scale,
-                                   double label_smoothing) {
+                                   double label_smoothing, bool write_grad) {
   const char* op = "cross_entropy_rows_";
   check_float_dtype(op, "logits", logits);
   check_dim(op, "logits", logits, 2, "[rows, vocab]");
   TORCH_CHECK(logits.size(1) >= 1, "cutlass_nn.", op,
               ": argument 'logits' must have at least one class (vocab >= 1), got shape ",
               shape_string(logits.sizes()));
+  if (write_grad) check_writable(op, "logits", logits);
   TORCH_CHECK(logits.is_contiguous(), "cutlass_nn.", op,
               ": argument 'logits' must be contiguous (it is written in place), got strides ",
               shape_string(logits.strides()));
@@ -239,11 +243,7 @@ void check_cross_entropy_rows_args(const at::Tensor& logits, const at::Tensor& t
     check_same_device(op, "row_scale", *row_scale, "logits", logits);
     check_dim(op, "row_scale", *row_scale, 1, "[rows]");
     check_size(op, "row_scale", *row_scale, 0, logits.size(0), "rows = logits.shape[0]");
-    const auto overlap = at::get_overlap_status(logits, *row_scale);
-    TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
-                "cutlass_nn.", op,
-                ": argument 'row_scale' must not share memory with 'logits' (which is written "
-                "in place)");
+    check_no_overlap(op, "row_scale", *row_scale, "logits", logits);
   }
   TORCH_CHECK(std::isfinite(label_smoothing) && label_smoothing >= 0.0 && label_smoothing <= 1.0,
               "cutlass_nn.", op, ": argument 'label_smoothing' must be in [0, 1], got ",
@@ -297,12 +297,33 @@ void check_activation_grad_args(const at::Tensor& grad_output, const at::Tensor&
   check_same_shape(op, "preact", preact, "grad_output", grad_output);
 }
 
+void check_main_grad_args(const at::Tensor& weight, const at::Tensor& buffer) {
+  const char* op = "_set_main_grad";
+  check_float_dtype(op, "weight", weight);
+  // what grad_to_accumulate_into (csrc/autograd/autograd_kernels.cpp) adds into with the
+  // weight-gradient GEMM; any other buffer would only ever be filled by the fold-in hook
+  const auto dtype = weight.scalar_type();
+  const bool half = dtype == c10::kHalf || dtype == c10::kBFloat16;
+  TORCH_CHECK(buffer.scalar_type() == dtype || (half && buffer.scalar_type() == c10::kFloat),
+              "cutlass_nn.", op, ": argument 'buffer' must have dtype ", dtype_name(dtype),
+              " (the dtype of 'weight')", half ? " or float32" : "", ", got ",
+              dtype_name(buffer.scalar_type()));
+  check_same_device(op, "buffer", buffer, "weight", weight);
+  check_same_shape(op, "buffer", buffer, "weight", weight);
+  TORCH_CHECK(buffer.is_contiguous(), "cutlass_nn.", op,
+              ": argument 'buffer' must be contiguous (the weight-gradient GEMM adds into it in "
+              "place), got strides ",
+              shape_string(buffer.strides()));
+}
+
 c10::ScalarType rms_norm_stat_dtype(c10::ScalarType dtype) {
   return dtype == c10::kDouble ? c10::kDouble : c10::kFloat;
 }
 
 // weight [features] of input's dtype, or float32 beside 16-bit activations (a float32 master
-// weight under autocast).
+// weight under autocast). A features mismatch names the activations, not the weight: the weight
+// is the layer's parameter (cutlass_nn.RMSNorm(4) given a [*, 5] input), so it is the input that
+// does not fit, as in linear's in_features check.
 static void check_norm_weight(const char* op, const at::Tensor& weight, const char* ref_arg,
                               const at::Tensor& ref) {
   const auto dtype = ref.scalar_type();
@@ -313,20 +334,19 @@ static void check_norm_weight(const char* op, const at::Tensor& weight, const ch
               dtype_name(weight.scalar_type()));
   check_same_device(op, "weight", weight, ref_arg, ref);
   check_dim(op, "weight", weight, 1, "[features]");
-  check_size(op, "weight", weight, 0, ref.size(-1), (std::string("features = ") + ref_arg +
-                                                     ".shape[-1]").c_str());
+  check_size(op, ref_arg, ref, ref.dim() - 1, weight.size(0), "features = weight.shape[0]");
 }
 
-void check_rms_norm_args(const char* op, const at::Tensor& input, const at::Tensor* residual,
-                         const at::Tensor& weight, double eps) {
-  check_float_dtype(op, "input", input);
-  check_min_dim(op, "input", input, 1, "[*, features]");
+void check_rms_norm_args(const char* op, const char* input_arg, const at::Tensor& input,
+                         const at::Tensor* residual, const at::Tensor& weight, double eps) {
+  check_float_dtype(op, input_arg, input);
+  check_min_dim(op, input_arg, input, 1, "[*, features]");
   if (residual != nullptr) {
-    check_same_dtype(op, "residual", *residual, "input", input);
-    check_same_device(op, "residual", *residual, "input", input);
-    check_same_shape(op, "residual", *residual, "input", input);
+    check_same_dtype(op, "residual", *residual, input_arg, input);
+    check_same_device(op, "residual", *residual, input_arg, input);
+    check_same_shape(op, "residual", *residual, input_arg, input);
   }
-  check_norm_weight(op, weight, "input", input);
+  check_norm_weight(op, weight, input_arg, input);
   // doubles go into messages as strings: streaming a double into the message crashed the
   // CUDA-flavor build on the GPU machine (torch 2.11)
   TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, "cutlass_nn.", op,

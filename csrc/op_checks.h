@@ -38,8 +38,8 @@ void check_gate_up_arg(const char* op, const at::Tensor& gate_up);
 void check_gated_act_backward_args(const at::Tensor& grad_output, const at::Tensor& gate_up,
                                    const char* op = "gated_act_backward");
 
-// gated_act_backward_ writes over gate_up: it must be contiguous and must not overlap
-// grad_output.
+// gated_act_backward_ writes over gate_up: it must be writable (check_writable), contiguous and
+// must not overlap grad_output.
 void check_gate_up_writable(const char* op, const at::Tensor& gate_up,
                             const at::Tensor& grad_output);
 
@@ -61,7 +61,8 @@ void check_linear_dgrad_args(const at::Tensor& grad_output, const at::Tensor& we
 void check_linear_wgrad_args(const at::Tensor& grad_output, const at::Tensor& input);
 
 // linear_wgrad_accumulate_(grad_weight [out, in], grad_output, input); grad_weight has the
-// dtype of the inputs or float32 (an fp32 main gradient for 16-bit training)
+// dtype of the inputs or float32 (an fp32 main gradient for 16-bit training), is writable
+// (check_writable) and shares no memory with grad_output or input
 void check_linear_wgrad_accumulate_args(const at::Tensor& grad_weight,
                                         const at::Tensor& grad_output, const at::Tensor& input);
 
@@ -71,8 +72,10 @@ void check_bias_grad_args(const at::Tensor& grad_output);
 // mm(a [n, m], b [m, p]); `op` is "mm" or "mm.out"
 void check_mm_args(const char* op, const at::Tensor& a, const at::Tensor& b);
 
-// mm.out: `out` must have the dtype and device of the inputs (it is resized like torch.mm's)
-void check_mm_out_arg(const at::Tensor& a, const at::Tensor& out);
+// mm.out: `out` must have the dtype and device of the inputs (it is resized like torch.mm's),
+// must not be a leaf that requires grad and, when it already has the result's shape [n, p],
+// must not have elements sharing memory
+void check_mm_out_arg(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);
 
 // add2(a, b): same shape, dtype and device
 void check_add2_args(const at::Tensor& a, const at::Tensor& b);
@@ -83,23 +86,25 @@ void check_add2_args(const at::Tensor& a, const at::Tensor& b);
 void check_rotary_args(const char* op, const char* q_name, const char* k_name, const at::Tensor& q,
                        const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin);
 
-// scale_(x, factor): x a contiguous floating tensor (written in place); factor a 0-dim tensor in
-// x's statistics dtype (float32; float64 for float64 x) on x's device, not inside x.
+// scale_(x, factor): x a writable, contiguous floating tensor (written in place); factor a 0-dim
+// tensor in x's statistics dtype (float32; float64 for float64 x) on x's device, not inside x.
 void check_scale_args(const at::Tensor& x, const at::Tensor& factor);
 
 // cross_entropy_rows_(logits [rows, vocab], target [rows], row_scale [rows]?, ...): logits a
-// contiguous floating tensor with vocab >= 1 (written in place); target int64 on logits'
-// device; row_scale in the statistics dtype (float32; float64 for float64 logits);
-// label_smoothing finite in [0, 1]; logits and row_scale must not overlap.
+// contiguous floating tensor with vocab >= 1, writable (check_writable) when write_grad
+// writes the gradient over it; target int64 on logits' device; row_scale in the statistics
+// dtype (float32; float64 for float64 logits) on logits' device; label_smoothing finite in
+// [0, 1]; logits and row_scale must not overlap.
 void check_cross_entropy_rows_args(const at::Tensor& logits, const at::Tensor& target,
                                    const std::optional<at::Tensor>& row_scale,
-                                   double label_smoothing);
+                                   double label_smoothing, bool write_grad);
 
-// rms_norm / add_rms_norm(input [*, features], residual (add_rms_norm: input's shape, dtype and
-// device), weight [features], eps): weight has input's dtype, or float32 for 16-bit input; eps
-// is finite and >= 0. `residual` may be nullptr (rms_norm).
-void check_rms_norm_args(const char* op, const at::Tensor& input, const at::Tensor* residual,
-                         const at::Tensor& weight, double eps);
+// rms_norm(input, weight, eps) / add_rms_norm(x, residual, weight, eps): the activations
+// [*, features] (named `input_arg`: "input" or "x", the schema's name), residual (add_rms_norm:
+// their shape, dtype and device), weight [features] of their dtype, or float32 for 16-bit
+// activations; eps finite and >= 0. `residual` may be nullptr (rms_norm).
+void check_rms_norm_args(const char* op, const char* input_arg, const at::Tensor& input,
+                         const at::Tensor* residual, const at::Tensor& weight, double eps);
 
 // rms_norm_backward(grad_output, grad_h?, h, weight, rstd): grad_output (and grad_h) with h's
 // shape, dtype and device; weight as for rms_norm; rstd [*] (h's leading dims) in the statistics
@@ -107,6 +112,11 @@ void check_rms_norm_args(const char* op, const at::Tensor& input, const at::Tens
 void check_rms_norm_backward_args(const at::Tensor& grad_output,
                                   const std::optional<at::Tensor>& grad_h, const at::Tensor& h,
                                   const at::Tensor& weight, const at::Tensor& rstd);
+
+// _set_main_grad(weight, buffer) with a buffer (not None): buffer of the weight's shape, on its
+// device, contiguous, with the weight's dtype or float32 beside a 16-bit weight -- the buffers
+// the weight-gradient GEMMs add into (csrc/autograd/main_grad_registry.h).
+void check_main_grad_args(const at::Tensor& weight, const at::Tensor& buffer);
 
 // The dtype of rms_norm's rstd (its float statistics) for input dtype `dtype`.
 c10::ScalarType rms_norm_stat_dtype(c10::ScalarType dtype);

@@ -25,6 +25,7 @@
 
 #include "autograd/main_grad_registry.h"
 #include "autograd/wgrad_accumulation.h"
+#include "op_checks.h"
 
 #ifdef CUTLASS_NN_WITH_CUDA
 #include "cuda/fp8_cuda.h"
@@ -223,10 +224,7 @@ static bool fused_wgrad_accumulation_mode(int64_t mode) {
 // The main-gradient registry (csrc/autograd/main_grad_registry.h) behind
 // cutlass_nn.attach_main_grads / detach_main_grads.
 static void set_main_grad_op(const at::Tensor& weight, const std::optional<at::Tensor>& buffer) {
-  if (buffer.has_value() && buffer->defined()) {
-    TORCH_CHECK(buffer->sizes() == weight.sizes(),
-                "cutlass_nn._set_main_grad: argument 'buffer' must have the weight's shape");
-  }
+  if (buffer.has_value() && buffer->defined()) check_main_grad_args(weight, *buffer);
   set_main_grad(weight, buffer.has_value() ? *buffer : at::Tensor());
 }
 
@@ -301,10 +299,11 @@ TORCH_LIBRARY(cutlass_nn, m) {
   // h = input and rstd = 1 / sqrt(mean(h^2) + eps) ([*], float32; float64 for float64 input).
   // weight has input's dtype, or float32 beside 16-bit input.
   m.def("rms_norm(Tensor input, Tensor weight, float eps) -> (Tensor, Tensor)", tags);
-  // The same of h = input + residual (the residual stream of a pre-norm transformer block):
-  // (out, h, rstd), h being the new residual.
+  // The same of h = x + residual (the residual stream of a pre-norm transformer block):
+  // (out, h, rstd), h being the new residual. (x, not input: the name of
+  // cutlass_nn.add_rms_norm's argument, which the errors name.)
   m.def(
-      "add_rms_norm(Tensor input, Tensor residual, Tensor weight, float eps) -> "
+      "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> "
       "(Tensor, Tensor, Tensor)",
       tags);
   // Their backward: (grad_h, grad_weight) for output gradient grad_output plus grad_h (the

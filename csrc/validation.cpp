@@ -1,5 +1,8 @@
 #include "validation.h"
 
+#include <ATen/MemoryOverlap.h>
+#include <ATen/core/grad_mode.h>
+
 #include <string>
 
 namespace cutlass_nn {
@@ -84,6 +87,40 @@ void check_same_shape(const char* op, const char* arg, const at::Tensor& t, cons
   TORCH_CHECK(t.sizes() == ref.sizes(), "cutlass_nn.", op, ": argument '", arg,
                     "' must have the shape of '", ref_arg, "' ", shape_string(ref.sizes()),
                     ", got ", shape_string(t.sizes()));
+}
+
+void check_no_internal_overlap(const char* op, const char* arg, const at::Tensor& t) {
+  TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "cutlass_nn.", op,
+              ": argument '", arg,
+              "' must not have elements that share memory (it is written in place), got shape ",
+              shape_string(t.sizes()), " with strides ", shape_string(t.strides()),
+              " (an expand()ed or stride-0 view; pass a copy, e.g. .contiguous())");
+}
+
+void check_not_grad_leaf(const char* op, const char* arg, const at::Tensor& t) {
+  if (!t.requires_grad() || !at::GradMode::is_enabled()) return;
+  const bool leaf = t.is_leaf();
+  // a view of a leaf is not a leaf itself (it has a view node), but writing it writes the leaf
+  const bool view_of_leaf = !leaf && t.is_view() && t._base().is_leaf();
+  TORCH_CHECK(!leaf && !view_of_leaf, "cutlass_nn.", op, ": argument '", arg,
+              "' must not be a leaf tensor that requires grad, nor a view of one, while grad "
+              "mode is on (it is written in place, which autograd cannot record), got ",
+              leaf ? "a leaf" : "a view of a leaf",
+              " with requires_grad=True; pass a tensor that does not require grad (e.g. "
+              ".detach()) or call under torch.no_grad()");
+}
+
+void check_writable(const char* op, const char* arg, const at::Tensor& t) {
+  check_no_internal_overlap(op, arg, t);
+  check_not_grad_leaf(op, arg, t);
+}
+
+void check_no_overlap(const char* op, const char* arg, const at::Tensor& t,
+                      const char* written_arg, const at::Tensor& written) {
+  const auto overlap = at::get_overlap_status(written, t);
+  TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
+              "cutlass_nn.", op, ": argument '", arg, "' must not share memory with '",
+              written_arg, "' (which is written in place)");
 }
 
 }  // namespace cutlass_nn

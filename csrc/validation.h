@@ -55,4 +55,24 @@ void check_size(const char* op, const char* arg, const at::Tensor& t, int64_t di
 void check_same_shape(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
                       const at::Tensor& ref);
 
+// Fails when two elements of `t`, which `op` writes in place, share memory (a dimension of
+// size > 1 with stride 0: an expand()ed or as_strided view): the writes would race and the
+// result would depend on their order. Tensors whose overlap cannot be decided cheaply pass (the
+// other checks of the writing operators require contiguous outputs anyway).
+void check_no_internal_overlap(const char* op, const char* arg, const at::Tensor& t);
+
+// Fails while grad mode is on when `t`, which `op` writes in place, is a leaf tensor that
+// requires grad or a view of one: what torch's own in-place operations refuse (autograd could
+// not tell that the leaf changed), but with the operator and argument named instead of the
+// message of whichever ATen operation inside the kernel tripped first.
+void check_not_grad_leaf(const char* op, const char* arg, const at::Tensor& t);
+
+// Both of the above: `t` can take `op`'s in-place writes.
+void check_writable(const char* op, const char* arg, const at::Tensor& t);
+
+// Fails when `t` (read by `op`) shares memory with `written` (written in place by `op`): the
+// kernel would read values it has already overwritten.
+void check_no_overlap(const char* op, const char* arg, const at::Tensor& t,
+                      const char* written_arg, const at::Tensor& written);
+
 }  // namespace cutlass_nn

@@ -118,10 +118,13 @@ def _fold_into_main_grad(p: torch.Tensor) -> None:
 
 
 def _attach(p: nn.Parameter, buffer: torch.Tensor) -> None:
+    # registered first: _set_main_grad checks the buffer (cutlass_nn._set_main_grad: the
+    # weight's shape and device, contiguous, the weight's dtype or float32 beside a 16-bit
+    # weight), and a refused buffer must leave p.grad where it was
+    torch.ops.cutlass_nn._set_main_grad(p, buffer)
     if p.grad is not None:  # a gradient from before: it moves into the buffer
         buffer.add_(p.grad.detach())
         p.grad = None
-    torch.ops.cutlass_nn._set_main_grad(p, buffer)
     p.main_grad = buffer
     setattr(p, _HOOK_ATTR, p.register_post_accumulate_grad_hook(_fold_into_main_grad))
 

@@ -172,11 +172,11 @@ def rms_norm(input: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]
 
 
 def add_rms_norm(
-    input: Tensor, residual: Tensor, weight: Tensor, eps: float
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`rms_norm` of ``h = input + residual`` (rounded to the dtype, as the unfused add
+    """:func:`rms_norm` of ``h = x + residual`` (rounded to the dtype, as the unfused add
     is) in one pass: ``(out, h, rstd)``; ``h`` is the new residual stream."""
-    return _ops.add_rms_norm.default(input, residual, weight, eps)
+    return _ops.add_rms_norm.default(x, residual, weight, eps)
 
 
 def rms_norm_backward(
@@ -429,23 +429,79 @@ def _fake_common(op: str, ref_name: str, ref: Tensor, others: dict[str, Tensor])
         )
 
 
-def _fake_linear_shape(op, input, weight, bias):
-    _fake_common(op, "input", input, {"weight": weight, **({"bias": bias} if bias is not None else {})})
-    _check(input.dim() >= 1, op, "argument 'input' must have at least 1 dimension(s)")
-    _check(weight.dim() == 2, op, "argument 'weight' must be a 2-D tensor")
+# The checks of csrc/validation.cpp, with its messages.
+
+
+def _fake_dim(op: str, arg: str, t: Tensor, dim: int, what: str) -> None:
     _check(
-        input.shape[-1] == weight.shape[1],
+        t.dim() == dim,
         op,
-        f"argument 'input' must have size {weight.shape[1]} in its last dimension "
-        f"(in_features = weight.shape[1]), got shape {list(input.shape)}",
+        f"argument '{arg}' must be a {dim}-D tensor {what}, got a {t.dim()}-D tensor of shape "
+        f"{list(t.shape)}",
     )
+
+
+def _fake_min_dim(op: str, arg: str, t: Tensor, dim: int, what: str) -> None:
+    _check(
+        t.dim() >= dim,
+        op,
+        f"argument '{arg}' must have at least {dim} dimension(s) {what}, got a {t.dim()}-D "
+        f"tensor of shape {list(t.shape)}",
+    )
+
+
+def _fake_size(op: str, arg: str, t: Tensor, dim: int, expected, what: str) -> None:
+    _check(
+        t.shape[dim] == expected,
+        op,
+        f"argument '{arg}' must have size {expected} in dimension {dim} ({what}), got shape "
+        f"{list(t.shape)}",
+    )
+
+
+def _fake_same_device(op: str, arg: str, t: Tensor, ref_arg: str, ref: Tensor) -> None:
+    _check(
+        t.device == ref.device,
+        op,
+        f"argument '{arg}' must be on device {ref.device} (the device of '{ref_arg}'), got "
+        f"{t.device}",
+    )
+
+
+def _overlaps_itself(t: Tensor) -> bool:
+    """at::has_internal_overlap(t) == MemOverlap::Yes: a dimension of size > 1 with stride 0 (an
+    expand()ed or stride-0 view; such a tensor is never non-overlapping and dense). Only what
+    is known without a guard counts: symbolic strides of a traced tensor are left to the
+    kernel's check at run time rather than specialized here."""
+    # imported here: it pulls in sympy, which `import cutlass_nn` does not otherwise need
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return any(
+        statically_known_true(st == 0) and statically_known_true(sz > 1)
+        for sz, st in zip(t.shape, t.stride())
+    )
+
+
+def _fake_no_internal_overlap(op: str, arg: str, t: Tensor) -> None:
+    _check(
+        not _overlaps_itself(t),
+        op,
+        f"argument '{arg}' must not have elements that share memory (it is written in place), "
+        f"got shape {list(t.shape)} with strides {list(t.stride())} (an expand()ed or stride-0 "
+        "view; pass a copy, e.g. .contiguous())",
+    )
+
+
+def _fake_linear_shape(op, input, weight, bias):
+    # the order and messages of csrc/op_checks.cpp's check_linear_args
+    _fake_common(op, "input", input, {"weight": weight})
+    _fake_min_dim(op, "input", input, 1, "[*, in_features]")
+    _fake_dim(op, "weight", weight, 2, "[out_features, in_features]")
+    _fake_size(op, "input", input, input.dim() - 1, weight.shape[1], "in_features = weight.shape[1]")
     if bias is not None:
-        _check(
-            bias.dim() == 1 and bias.shape[0] == weight.shape[0],
-            op,
-            f"argument 'bias' must be a 1-D tensor [out_features] of size {weight.shape[0]}, "
-            f"got shape {list(bias.shape)}",
-        )
+        _fake_common(op, "input", input, {"bias": bias})
+        _fake_dim(op, "bias", bias, 1, "[out_features]")
+        _fake_size(op, "bias", bias, 0, weight.shape[0], "out_features = weight.shape[0]")
     return (*input.shape[:-1], weight.shape[0])
 
 
@@ -497,23 +553,26 @@ def _activation_grad_fake(grad_output, preact, activation, bias_grad):
 
 @torch.library.register_fake("cutlass_nn::linear_dgrad")
 def _linear_dgrad_fake(grad_output, weight):
-    _fake_common("linear_dgrad", "grad_output", grad_output, {"weight": weight})
-    _check(weight.dim() == 2, "linear_dgrad", "argument 'weight' must be a 2-D tensor")
-    _check(
-        grad_output.dim() >= 1 and grad_output.shape[-1] == weight.shape[0],
-        "linear_dgrad",
-        "argument 'grad_output' must be [*, out_features] with out_features = weight.shape[0]",
-    )
+    # the order and messages of csrc/op_checks.cpp's check_linear_dgrad_args
+    op = "linear_dgrad"
+    _fake_common(op, "grad_output", grad_output, {"weight": weight})
+    _fake_min_dim(op, "grad_output", grad_output, 1, "[*, out_features]")
+    _fake_dim(op, "weight", weight, 2, "[out_features, in_features]")
+    _fake_size(op, "grad_output", grad_output, grad_output.dim() - 1, weight.shape[0],
+               "out_features = weight.shape[0]")
     return grad_output.new_empty((*grad_output.shape[:-1], weight.shape[1]))
 
 
 def _fake_wgrad_shape(op, grad_output, input):
+    # the order and messages of csrc/op_checks.cpp's check_wgrad_pair
     _fake_common(op, "grad_output", grad_output, {"input": input})
+    _fake_min_dim(op, "grad_output", grad_output, 1, "[*, out_features]")
+    _fake_min_dim(op, "input", input, 1, "[*, in_features]")
     _check(
-        grad_output.dim() >= 1 and input.dim() >= 1 and grad_output.shape[:-1] == input.shape[:-1],
+        grad_output.shape[:-1] == input.shape[:-1],
         op,
         "arguments 'grad_output' [*, out_features] and 'input' [*, in_features] must have the "
-        "same leading (batch) dimensions",
+        f"same leading (batch) dimensions, got {list(grad_output.shape)} and {list(input.shape)}",
     )
     return (grad_output.shape[-1], input.shape[-1])
 
@@ -541,11 +600,11 @@ def _linear_wgrad_accumulate_fake(grad_weight, grad_output, input):
         f"argument 'grad_weight' must have dtype {_dtype_name(grad_output.dtype)} (the dtype of "
         f"'grad_output'){' or float32' if half_inputs else ''}, got {_dtype_name(grad_weight.dtype)}",
     )
-    _check(
-        tuple(grad_weight.shape) == tuple(shape),
-        "linear_wgrad_accumulate_",
-        f"argument 'grad_weight' must have shape {list(shape)}, got {list(grad_weight.shape)}",
-    )
+    op = "linear_wgrad_accumulate_"
+    _fake_dim(op, "grad_weight", grad_weight, 2, "[out_features, in_features]")
+    _fake_size(op, "grad_weight", grad_weight, 0, shape[0], "out_features = grad_output.shape[-1]")
+    _fake_size(op, "grad_weight", grad_weight, 1, shape[1], "in_features = input.shape[-1]")
+    _fake_no_internal_overlap(op, "grad_weight", grad_weight)
     return None
 
 
@@ -578,8 +637,10 @@ def _mm_fake(a, b):
 def _mm_out_fake(a, b, *, out):
     shape = _fake_mm_shape("mm.out", a, b)
     _fake_common("mm.out", "a", a, {"out": out})
-    if tuple(out.shape) != tuple(shape):
-        out.resize_(shape)  # like the CPU / CUDA kernels
+    if tuple(out.shape) == tuple(shape):
+        _fake_no_internal_overlap("mm.out", "out", out)
+    else:
+        out.resize_(shape)  # like the CPU / CUDA kernels (fresh contiguous strides)
     return None
 
 
@@ -602,6 +663,7 @@ def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
 def _scale_fake(x, factor):
     op = "scale_"
     _fake_common(op, "x", x, {})
+    _fake_no_internal_overlap(op, "x", x)
     _check(
         x.is_contiguous(),
         op,
@@ -629,6 +691,7 @@ def _scale_fake(x, factor):
 
 
 def _fake_norm_weight(op: str, weight: Tensor, ref_name: str, ref: Tensor) -> None:
+    # csrc/op_checks.cpp's check_norm_weight: a features mismatch names the activations
     half = ref.dtype in (torch.float16, torch.bfloat16)
     torch._check(
         weight.dtype == ref.dtype or (half and weight.dtype == torch.float32),
@@ -636,33 +699,27 @@ def _fake_norm_weight(op: str, weight: Tensor, ref_name: str, ref: Tensor) -> No
         f"(the dtype of '{ref_name}'){' or float32' if half else ''}, got "
         f"{_dtype_name(weight.dtype)}",
     )
-    _check(
-        weight.device == ref.device,
-        op,
-        f"argument 'weight' must be on device {ref.device} (the device of '{ref_name}'), "
-        f"got {weight.device}",
-    )
-    _check(
-        weight.dim() == 1 and weight.shape[0] == ref.shape[-1],
-        op,
-        f"argument 'weight' must be a 1-D tensor [features] of size {ref.shape[-1]}, got shape "
-        f"{list(weight.shape)}",
-    )
+    _fake_same_device(op, "weight", weight, ref_name, ref)
+    _fake_dim(op, "weight", weight, 1, "[features]")
+    _fake_size(op, ref_name, ref, ref.dim() - 1, weight.shape[0], "features = weight.shape[0]")
 
 
-def _fake_rms_norm_args(op, input, residual, weight, eps):
-    _fake_common(op, "input", input, {} if residual is None else {"residual": residual})
-    _check(input.dim() >= 1, op, "argument 'input' must have at least 1 dimension(s)")
+def _fake_rms_norm_args(op, input_name, input, residual, weight, eps):
+    # the order and messages of csrc/op_checks.cpp's check_rms_norm_args
+    _fake_common(op, input_name, input, {})
+    _fake_min_dim(op, input_name, input, 1, "[*, features]")
     if residual is not None:
+        _fake_common(op, input_name, input, {"residual": residual})
         _check(
             residual.shape == input.shape,
             op,
-            f"argument 'residual' must have the shape of 'input' {list(input.shape)}, got "
+            f"argument 'residual' must have the shape of '{input_name}' {list(input.shape)}, got "
             f"{list(residual.shape)}",
         )
-    _fake_norm_weight(op, weight, "input", input)
+    _fake_norm_weight(op, weight, input_name, input)
+    # f"{eps:f}": the C++ message's std::to_string spelling
     _check(
-        math.isfinite(eps) and eps >= 0.0, op, f"argument 'eps' must be a finite number >= 0, got {eps}"
+        math.isfinite(eps) and eps >= 0.0, op, f"argument 'eps' must be a finite number >= 0, got {eps:f}"
     )
 
 
@@ -672,35 +729,45 @@ def _fake_rstd(input: Tensor) -> Tensor:
 
 @torch.library.register_fake("cutlass_nn::rms_norm")
 def _rms_norm_fake(input, weight, eps):
-    _fake_rms_norm_args("rms_norm", input, None, weight, eps)
+    _fake_rms_norm_args("rms_norm", "input", input, None, weight, eps)
     return torch.empty_like(input, memory_format=torch.contiguous_format), _fake_rstd(input)
 
 
 @torch.library.register_fake("cutlass_nn::add_rms_norm")
-def _add_rms_norm_fake(input, residual, weight, eps):
-    _fake_rms_norm_args("add_rms_norm", input, residual, weight, eps)
-    out = torch.empty_like(input, memory_format=torch.contiguous_format)
-    h = torch.empty_like(input, memory_format=torch.contiguous_format)
-    return out, h, _fake_rstd(input)
+def _add_rms_norm_fake(x, residual, weight, eps):
+    _fake_rms_norm_args("add_rms_norm", "x", x, residual, weight, eps)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    h = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return out, h, _fake_rstd(x)
 
 
 @torch.library.register_fake("cutlass_nn::rms_norm_backward")
 def _rms_norm_backward_fake(grad_output, grad_h, h, weight, rstd, weight_grad):
+    # the order and messages of csrc/op_checks.cpp's check_rms_norm_backward_args
     op = "rms_norm_backward"
+    _fake_common(op, "h", h, {})
+    _fake_min_dim(op, "h", h, 1, "[*, features]")
     others = {"grad_output": grad_output, **({"grad_h": grad_h} if grad_h is not None else {})}
-    _fake_common(op, "h", h, others)
     for name, t in others.items():
+        _fake_common(op, "h", h, {name: t})
         _check(
             t.shape == h.shape,
             op,
             f"argument '{name}' must have the shape of 'h' {list(h.shape)}, got {list(t.shape)}",
         )
     _fake_norm_weight(op, weight, "h", h)
+    stat = _stat_dtype(h.dtype)
     _check(
-        rstd.dtype == _stat_dtype(h.dtype) and rstd.shape == h.shape[:-1],
+        rstd.dtype == stat,
         op,
-        f"argument 'rstd' must be a {_dtype_name(_stat_dtype(h.dtype))} tensor of shape "
-        f"{list(h.shape[:-1])}, got {_dtype_name(rstd.dtype)} {list(rstd.shape)}",
+        f"argument 'rstd' must have dtype {_dtype_name(stat)}, got {_dtype_name(rstd.dtype)}",
+    )
+    _fake_same_device(op, "rstd", rstd, "h", h)
+    _check(
+        rstd.shape == h.shape[:-1],
+        op,
+        f"argument 'rstd' must have the leading dimensions of 'h' {list(h.shape[:-1])}, got "
+        f"{list(rstd.shape)}",
     )
     grad_input = torch.empty_like(h, memory_format=torch.contiguous_format)
     grad_weight = weight.new_empty((weight.shape[0],) if weight_grad else (0,))
@@ -719,7 +786,7 @@ def _fake_gated_activation(op: str, activation) -> None:
 
 def _fake_gate_up(op: str, gate_up: Tensor) -> None:
     _fake_common(op, "gate_up", gate_up, {})
-    _check(gate_up.dim() >= 1, op, "argument 'gate_up' must have at least 1 dimension(s)")
+    _fake_min_dim(op, "gate_up", gate_up, 1, "[*, 2n]")
     _check(
         gate_up.shape[-1] % 2 == 0,
         op,
@@ -735,12 +802,11 @@ def _gated_act_fake(gate_up, activation):
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
 
 
-@torch.library.register_fake("cutlass_nn::gated_act_backward")
-def _gated_act_backward_fake(grad_output, gate_up, activation):
-    op = "gated_act_backward"
+def _fake_gated_act_backward_args(op: str, grad_output: Tensor, gate_up: Tensor):
+    # the order and messages of csrc/op_checks.cpp's check_gated_act_backward_args; `op` is
+    # "gated_act_backward" or "gated_act_backward_"
     _fake_gate_up(op, gate_up)
     _fake_common(op, "gate_up", gate_up, {"grad_output": grad_output})
-    _fake_gated_activation(op, activation)
     shape = (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
     _check(
         tuple(grad_output.shape) == tuple(shape),
@@ -748,27 +814,47 @@ def _gated_act_backward_fake(grad_output, gate_up, activation):
         f"argument 'grad_output' must have shape {list(shape)} (that of 'gate_up' with the last "
         f"dimension halved), got {list(grad_output.shape)}",
     )
+    return shape
+
+
+@torch.library.register_fake("cutlass_nn::gated_act_backward")
+def _gated_act_backward_fake(grad_output, gate_up, activation):
+    op = "gated_act_backward"
+    shape = _fake_gated_act_backward_args(op, grad_output, gate_up)
+    _fake_gated_activation(op, activation)
     return torch.empty_like(gate_up, memory_format=torch.contiguous_format), gate_up.new_empty(shape)
 
 
 @torch.library.register_fake("cutlass_nn::gated_act_backward_")
 def _gated_act_backward_inplace_fake(grad_output, gate_up, activation):
+    op = "gated_act_backward_"
+    shape = _fake_gated_act_backward_args(op, grad_output, gate_up)
+    # check_gate_up_writable (shared memory with grad_output cannot be seen on fake tensors)
+    _fake_no_internal_overlap(op, "gate_up", gate_up)
     _check(
         gate_up.is_contiguous(),
-        "gated_act_backward_",
+        op,
         "argument 'gate_up' must be contiguous (it is written in place), got strides "
         f"{list(gate_up.stride())}",
     )
-    _, out = _gated_act_backward_fake(grad_output, gate_up, activation)
-    return out
+    _fake_gated_activation(op, activation)
+    return gate_up.new_empty(shape)
 
 
 @torch.library.register_fake("cutlass_nn::cross_entropy_rows_")
 def _cross_entropy_rows_fake(logits, target, row_scale, ignore_index, label_smoothing, write_grad):
+    # the order and messages of csrc/op_checks.cpp's check_cross_entropy_rows_args
     op = "cross_entropy_rows_"
     _fake_common(op, "logits", logits, {})
-    _check(logits.dim() == 2, op, "argument 'logits' must be a 2-D tensor [rows, vocab]")
-    _check(logits.shape[1] >= 1, op, "argument 'logits' must have at least one class (vocab >= 1)")
+    _fake_dim(op, "logits", logits, 2, "[rows, vocab]")
+    _check(
+        logits.shape[1] >= 1,
+        op,
+        "argument 'logits' must have at least one class (vocab >= 1), got shape "
+        f"{list(logits.shape)}",
+    )
+    if write_grad:
+        _fake_no_internal_overlap(op, "logits", logits)
     _check(
         logits.is_contiguous(),
         op,
@@ -779,23 +865,25 @@ def _cross_entropy_rows_fake(logits, target, row_scale, ignore_index, label_smoo
         op,
         f"argument 'target' must be an int64 tensor of class indices, got {_dtype_name(target.dtype)}",
     )
-    _check(
-        target.dim() == 1 and target.shape[0] == logits.shape[0],
-        op,
-        f"argument 'target' must be a 1-D tensor of size {logits.shape[0]}, got shape {list(target.shape)}",
-    )
+    _fake_same_device(op, "target", target, "logits", logits)
+    _fake_dim(op, "target", target, 1, "[rows]")
+    _fake_size(op, "target", target, 0, logits.shape[0], "rows = logits.shape[0]")
     stat = _stat_dtype(logits.dtype)
     if row_scale is not None:
         _check(
-            row_scale.dtype == stat and row_scale.dim() == 1 and row_scale.shape[0] == logits.shape[0],
+            row_scale.dtype == stat,
             op,
-            f"argument 'row_scale' must be a {_dtype_name(stat)} tensor of shape [{logits.shape[0]}], "
-            f"got {_dtype_name(row_scale.dtype)} of shape {list(row_scale.shape)}",
+            f"argument 'row_scale' must have dtype {_dtype_name(stat)} (the statistics dtype of "
+            f"'logits'), got {_dtype_name(row_scale.dtype)}",
         )
+        _fake_same_device(op, "row_scale", row_scale, "logits", logits)
+        _fake_dim(op, "row_scale", row_scale, 1, "[rows]")
+        _fake_size(op, "row_scale", row_scale, 0, logits.shape[0], "rows = logits.shape[0]")
+    # f"{...:f}": the C++ message's std::to_string spelling
     _check(
-        0.0 <= label_smoothing <= 1.0,
+        math.isfinite(label_smoothing) and 0.0 <= label_smoothing <= 1.0,
         op,
-        f"argument 'label_smoothing' must be in [0, 1], got {label_smoothing}",
+        f"argument 'label_smoothing' must be in [0, 1], got {label_smoothing:f}",
     )
     rows = logits.shape[0]
     return logits.new_empty((rows,), dtype=stat), logits.new_empty((rows,), dtype=stat)

@@ -105,6 +105,43 @@ def test_extreme_logits_stay_finite():
     torch.testing.assert_close(z.double(), ref_grad)
 
 
+@pytest.mark.parametrize("dtype", list(TOL), ids=str)
+@pytest.mark.parametrize("vocab", [3, 1024, 4099])  # element path, 16-byte path, odd
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_non_finite_rows_match_torch(dtype, vocab, smoothing):
+    """lse is torch.logsumexp's for rows with an infinite maximum (+inf beside a +inf logit, -inf
+    for a row of -inf; NaN beside a NaN), and loss and gradient are F.cross_entropy's: NaN for
+    those rows (csrc/kernels/cross_entropy.cu: exp_rel's x == m case and log_s_row), finite for
+    the others; the CPU implementation gives the same."""
+    inf, nan = float("inf"), float("nan")
+    gen = torch.Generator(device="cuda").manual_seed(vocab)
+    z = torch.randn(8, vocab, device="cuda", generator=gen, dtype=torch.float64)
+    z[0, vocab // 2] = inf
+    z[1] = -inf
+    z[2] = inf
+    z[3, 0], z[3, -1] = -inf, inf
+    z[4, 0], z[4, -1] = nan, inf
+    z[5] = -inf
+    z[5, vocab // 3] = nan
+    z[6] = -inf
+    z[6, -1] = 2.0  # a finite maximum among -inf: finite
+    z = z.to(dtype)  # row 7: finite
+    t = torch.tensor([1, 0, 2, 1, 0, 2, 1, 2], device="cuda") % vocab
+    ref_loss, ref_lse, ref_grad = reference(z, t, None, smoothing)
+    buf = z.clone()
+    loss, lse = ops.cross_entropy_rows_(buf, t, None, -100, smoothing, True)
+    stat_tol, grad_tol = TOL[dtype]
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=stat_tol, atol=stat_tol, equal_nan=True)
+    torch.testing.assert_close(loss.double(), ref_loss, rtol=stat_tol, atol=stat_tol, equal_nan=True)
+    assert torch.equal(buf.isnan(), ref_grad.isnan())
+    finite = ~ref_grad.isnan()
+    assert (buf.double()[finite] - ref_grad[finite]).abs().max() <= grad_tol
+    cpu = z.cpu().clone()
+    cpu_loss, cpu_lse = ops.cross_entropy_rows_(cpu, t.cpu(), None, -100, smoothing, True)
+    torch.testing.assert_close(lse.cpu(), cpu_lse, rtol=stat_tol, atol=stat_tol, equal_nan=True)
+    torch.testing.assert_close(loss.cpu(), cpu_loss, rtol=stat_tol, atol=stat_tol, equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_gradient_over_more_rows_than_blocks(dtype):
     # each block moves on to further rows (the grid-stride loop) while overwriting the previous

@@ -117,7 +117,8 @@ def test_empty_batches():
     "call, message",
     [
         (lambda: ops.rms_norm(torch.randn(3, 4), torch.randn(5), 1e-6),
-         r"cutlass_nn.rms_norm: argument 'weight' must have size 4 in dimension 0"),
+         r"cutlass_nn.rms_norm: argument 'input' must have size 5 in dimension 1 "
+         r"\(features = weight.shape\[0\]\), got shape \[3, 4\]"),
         (lambda: ops.rms_norm(torch.randn(3, 4), torch.randn(4, 1), 1e-6),
          r"cutlass_nn.rms_norm: argument 'weight' must be a 1-D tensor"),
         (lambda: ops.rms_norm(torch.randn(3, 4), torch.randn(4).double(), 1e-6),
@@ -133,7 +134,7 @@ def test_empty_batches():
         (lambda: ops.rms_norm(torch.tensor(1.0), torch.randn(1), 1e-6),
          r"cutlass_nn.rms_norm: argument 'input' must have at least 1 dimension"),
         (lambda: ops.add_rms_norm(torch.randn(3, 4), torch.randn(2, 4), torch.randn(4), 1e-6),
-         r"cutlass_nn.add_rms_norm: argument 'residual' must have the shape of 'input'"),
+         r"cutlass_nn.add_rms_norm: argument 'residual' must have the shape of 'x'"),
         (lambda: ops.add_rms_norm(torch.randn(3, 4), torch.randn(3, 4).double(), torch.randn(4), 1e-6),
          r"cutlass_nn.add_rms_norm: argument 'residual' must have dtype float32"),
         (lambda: ops.rms_norm_backward(torch.randn(3, 4), None, torch.randn(3, 4), torch.randn(4),
@@ -177,7 +178,7 @@ def test_fake_implementations_raise_like_eager():
 
     with FakeTensorMode():
         x, w = torch.empty(3, 4), torch.empty(5)
-        with pytest.raises(RuntimeError, match="cutlass_nn.rms_norm: argument 'weight'"):
+        with pytest.raises(RuntimeError, match="cutlass_nn.rms_norm: argument 'input' must have size 5"):
             ops.rms_norm(x, w, 1e-6)
         out, h, rstd = ops.add_rms_norm(torch.empty(2, 3, 4), torch.empty(2, 3, 4), torch.empty(4), 1e-6)
         assert rstd.shape == (2, 3) and rstd.dtype == torch.float32 and h.shape == (2, 3, 4)

@@ -411,7 +411,7 @@ def test_main_grad_arguments_are_checked():
         cutlass_nn.attach_main_grads(torch.zeros(2))
     with pytest.raises(TypeError, match=r"cutlass_nn\.detach_main_grads: argument 'module'"):
         cutlass_nn.detach_main_grads([])
-    with pytest.raises(RuntimeError, match=r"cutlass_nn\._set_main_grad: argument 'buffer' must have the weight's shape"):
+    with pytest.raises(RuntimeError, match=r"cutlass_nn\._set_main_grad: argument 'buffer' must have the shape of 'weight' \[2, 3\], got \[3, 2\]"):
         torch.ops.cutlass_nn._set_main_grad(torch.zeros(2, 3), torch.zeros(3, 2))
 
 

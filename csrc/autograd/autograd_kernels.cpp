@@ -143,10 +143,18 @@ at::Tensor grad_to_accumulate_into(const at::Tensor& weight) {
   return buffer;
 }
 
+// Whether `buffer` shares a storage with an operand of its weight-gradient GEMM (a .grad or main
+// gradient set to a view of the layer's input, say). linear_wgrad_accumulate_ refuses operands
+// that overlap what it writes; here the usual path (a new gradient that autograd then adds)
+// gives the right sum instead of an error in the middle of backward().
+bool shares_memory_with(const at::Tensor& buffer, const at::Tensor& a, const at::Tensor& b) {
+  return buffer.is_alias_of(a) || buffer.is_alias_of(b);
+}
+
 bool accumulate_wgrad_in_place(const at::Tensor& grad_z, const at::Tensor& input,
                                const at::Tensor& weight) {
   const at::Tensor grad = grad_to_accumulate_into(weight);
-  if (!grad.defined()) return false;
+  if (!grad.defined() || shares_memory_with(grad, grad_z, input)) return false;
   cutlass_nn::linear_wgrad_accumulate_(grad, grad_z, input);
   return true;
 }
@@ -162,7 +170,10 @@ bool accumulate_gate_up_wgrad_in_place(const at::Tensor& grad_gate_up, const at:
   const at::Tensor gate_grad = grad_to_accumulate_into(gate_weight);
   if (!gate_grad.defined()) return false;
   const at::Tensor up_grad = grad_to_accumulate_into(up_weight);
-  if (!up_grad.defined()) return false;
+  if (!up_grad.defined() || shares_memory_with(gate_grad, grad_gate_up, input) ||
+      shares_memory_with(up_grad, grad_gate_up, input)) {
+    return false;
+  }
   const int64_t n = gate_grad.size(0);
   const bool adjacent =
       gate_grad.numel() > 0 && up_grad.sizes() == gate_grad.sizes() &&

@@ -1,7 +1,9 @@
 // Main-gradient buffers (cutlass_nn.attach_main_grads): a weight registered here with a buffer
-// (float32, or the weight's own dtype) has its weight gradient added into that buffer by the
-// backward of linear / linear_act / gated_mlp, in the GEMM itself (beta = 1), and autograd
-// receives no gradient for it (csrc/autograd/autograd_kernels.cpp, grad_to_accumulate_into).
+// (the weight's shape and device, contiguous, in the weight's own dtype or float32 beside a
+// 16-bit weight: what _set_main_grad accepts, csrc/op_checks.h's check_main_grad_args) has its
+// weight gradient added into that buffer by the backward of linear / linear_act / gated_mlp, in
+// the GEMM itself (beta = 1), and autograd receives no gradient for it
+// (csrc/autograd/autograd_kernels.cpp, grad_to_accumulate_into).
 // The registry holds the weight and the buffer weakly (an entry keeps neither alive: the Python
 // side keeps the buffer as the parameter's main_grad attribute); entries whose weight or buffer
 // has died are dropped when looked up and on the next registration.

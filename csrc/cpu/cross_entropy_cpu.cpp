@@ -16,7 +16,7 @@ namespace {
 std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_cpu(
     const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& row_scale,
     int64_t ignore_index, double label_smoothing, bool write_grad) {
-  check_cross_entropy_rows_args(logits, target, row_scale, label_smoothing);
+  check_cross_entropy_rows_args(logits, target, row_scale, label_smoothing, write_grad);
   const auto stat = rms_norm_stat_dtype(logits.scalar_type());
   const int64_t vocab = logits.size(1);
   const double eps = label_smoothing;
@@ -26,7 +26,11 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_cpu(
   const at::Tensor shifted = z - m;
   const at::Tensor log_s = shifted.exp().sum(1).log();
   const at::Tensor m1 = m.squeeze(1);
-  const at::Tensor lse = m1 + log_s;
+  // A row whose maximum is infinite (a +inf logit, or every logit -inf) has the log-sum-exp m
+  // itself, as torch.logsumexp gives; m + log(s) would be NaN there, log(s) being NaN (inf - inf
+  // in `shifted`). A NaN logit makes m NaN (max propagates it), so such a row stays NaN. The loss
+  // and gradient of these rows stay NaN, as F.cross_entropy's are (its log_softmax is NaN).
+  const at::Tensor lse = at::where(m1.isinf(), m1, m1 + log_s);
   const at::Tensor valid = target.ne(ignore_index);
   const at::Tensor bad = valid.logical_and(target.lt(0).logical_or(target.ge(vocab)));
   const at::Tensor safe = at::where(valid.logical_and(bad.logical_not()), target, at::zeros_like(target));

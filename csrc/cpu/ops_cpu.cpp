@@ -50,7 +50,14 @@ void linear_wgrad_accumulate_cpu(const at::Tensor& grad_weight, const at::Tensor
   // products are formed and summed in float32, as the CUDA kernel does with beta = 1.
   at::Tensor dy = flatten_leading(grad_output).to(acc_dtype);
   at::Tensor x = flatten_leading(input).to(acc_dtype);
-  const_cast<at::Tensor&>(grad_weight).addmm_(dy.t(), x);
+  auto& gw = const_cast<at::Tensor&>(grad_weight);
+  if (gw.is_alias_of(dy) || gw.is_alias_of(x)) {
+    // One storage whose overlap the checks could not decide (non-dense views): as on CUDA, the
+    // product is formed in a buffer of its own before it is added.
+    gw.add_(at::mm(dy.t(), x));
+  } else {
+    gw.addmm_(dy.t(), x);
+  }
 }
 
 at::Tensor bias_grad_cpu(const at::Tensor& grad_output) {
@@ -65,7 +72,7 @@ at::Tensor mm_cpu(const at::Tensor& a, const at::Tensor& b) {
 
 void mm_out_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
   check_mm_args("mm.out", a, b);
-  check_mm_out_arg(a, out);
+  check_mm_out_arg(a, b, out);
   // Compute first, then resize and copy: `out` is untouched if anything above fails, `out` may
   // alias an input, and a non-contiguous `out` receives the result by copy-back. (The warning
   // torch gives when resizing a non-empty `out` is raised by the Python wrapper.)

@@ -15,7 +15,7 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& input, const at::Tensor& weight,
                                                 double eps) {
-  check_rms_norm_args("rms_norm", input, nullptr, weight, eps);
+  check_rms_norm_args("rms_norm", "input", input, nullptr, weight, eps);
   auto [out, h, rstd] = rms_norm_forward_aten(input, nullptr, weight, eps);
   return {out, rstd};
 }
@@ -24,7 +24,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor
                                                                 const at::Tensor& residual,
                                                                 const at::Tensor& weight,
                                                                 double eps) {
-  check_rms_norm_args("add_rms_norm", input, &residual, weight, eps);
+  check_rms_norm_args("add_rms_norm", "x", input, &residual, weight, eps);
   return rms_norm_forward_aten(input, &residual, weight, eps);
 }
 

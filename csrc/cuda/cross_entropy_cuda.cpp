@@ -23,7 +23,7 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_cuda(
     const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& row_scale,
     int64_t ignore_index, double label_smoothing, bool write_grad) {
   const char* op = "cross_entropy_rows_";
-  check_cross_entropy_rows_args(logits, target, row_scale, label_smoothing);
+  check_cross_entropy_rows_args(logits, target, row_scale, label_smoothing, write_grad);
   c10::cuda::CUDAGuard guard(logits.device());
   const bool has_scale = row_scale.has_value() && row_scale->defined();
   const at::Tensor target_c = target.contiguous();

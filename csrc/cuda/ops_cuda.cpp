@@ -149,7 +149,7 @@ at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
 
 void mm_out_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
   check_mm_args("mm.out", a, b);
-  check_mm_out_arg(a, out);
+  check_mm_out_arg(a, b, out);
   const bool right_shape = out.dim() == 2 && out.size(0) == a.size(0) && out.size(1) == b.size(1);
   const bool overlaps = out.is_alias_of(a) || out.is_alias_of(b);
   if (right_shape && is_row_major_output(out) && !overlaps) {

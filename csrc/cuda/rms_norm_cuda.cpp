@@ -31,7 +31,8 @@ at::Tensor leading_shape_empty(const at::Tensor& t, c10::ScalarType dtype) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const char* op, const at::Tensor& input,
                                                        const at::Tensor* residual,
                                                        const at::Tensor& weight, double eps) {
-  check_rms_norm_args(op, input, residual, weight, eps);
+  // add_rms_norm's schema names its activations "x" (cutlass_nn.add_rms_norm(x, residual, ...))
+  check_rms_norm_args(op, residual != nullptr ? "x" : "input", input, residual, weight, eps);
   c10::cuda::CUDAGuard guard(input.device());
   const at::Tensor input_c = input.contiguous();
   const at::Tensor residual_c = residual != nullptr ? residual->contiguous() : at::Tensor();

@@ -33,9 +33,12 @@ __device__ __forceinline__ float max_acc(float a, float b) { return fmaxf(a, b);
 __device__ __forceinline__ double max_acc(double a, double b) { return fmax(a, b); }
 
 // exp(x - m) with exp(-inf - m) = 0 also for m = -inf (a row whose entries so far are all
-// -inf contributes nothing instead of exp(NaN)). NaN entries stay NaN and poison the sum.
+// -inf contributes nothing instead of exp(NaN)), and exp(x - m) = 1 for x == m also when both
+// are +inf (each +inf logit counts once instead of exp(NaN), so a row with a +inf logit has
+// the log-sum-exp +inf, as torch.logsumexp; for finite x == m this is exp(0) = 1 unchanged).
+// NaN entries stay NaN and poison the sum.
 template <typename A> __device__ __forceinline__ A exp_rel(A x, A m) {
-  return x == -INFINITY ? A(0) : exp_acc(x - m);
+  return x == -INFINITY ? A(0) : (x == m ? A(1) : exp_acc(x - m));
 }
 
 // Running (max, sum of exp relative to max, plain sum) of a set of logits.
@@ -110,15 +113,20 @@ __global__ void __launch_bounds__(kMaxThreads)
     // than from lse, so that large logits lose no digits to the cancellation lse - z.
     const A log_s = log_acc(total.s);
     const A lse = total.m + log_s;
+    // A row with an infinite maximum (a +inf logit, or all -inf) has lse = m but neither a loss
+    // nor a gradient: F.cross_entropy gives NaN for both, and so do the CPU backend and, through
+    // log_s_row, this kernel (the loss and gradient formulas below read only log_s_row).
+    const bool inf_max = total.m == A(INFINITY) || total.m == A(-INFINITY);
+    const A log_s_row = inf_max ? A(NAN) : log_s;
     if (threadIdx.x == 0) {
       A l = A(0);
       if (bad) {
         l = A(NAN);
       } else if (valid) {
         // lse - (1 - eps) z_t - eps mean(z) = log s + (1 - eps)(m - z_t) + eps (m - mean(z))
-        l = smooth ? log_s + (A(1) - eps) * (total.m - zt) +
+        l = smooth ? log_s_row + (A(1) - eps) * (total.m - zt) +
                          eps * (total.m - total.z / static_cast<A>(vocab))
-                   : log_s + (total.m - zt);
+                   : log_s_row + (total.m - zt);
       }
       loss[row] = l;
       lse_out[row] = lse;
@@ -139,7 +147,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       load_vec<T, kV>(z + p * kV, v);
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
-        A g = exp_acc((v[k] - total.m) - log_s) - eps_per_class;
+        A g = exp_acc((v[k] - total.m) - log_s_row) - eps_per_class;
         if (p * kV + k == t) g -= target_term;
         v[k] = g * scale;
       }

@@ -18,6 +18,8 @@ namespace kernels {
 // logits + r * vocab) with class index target[r] (int64):
 //
 //   lse[r]  = log(sum_j exp(z_j))                             (float; double for kFloat64)
+//             (+inf for a row with a +inf logit, -inf for a row of -inf: torch.logsumexp's;
+//             loss and gradient are NaN for such rows, as F.cross_entropy's)
 //   loss[r] = lse - (1 - eps) * z_t - (eps / vocab) * sum_j z_j     (t = target[r])
 //           = 0    when target[r] == ignore_index
 //           = NaN  when target[r] is outside [0, vocab) (and not ignore_index)
