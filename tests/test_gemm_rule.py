@@ -149,6 +149,7 @@ RULE_CASES = {
     ("dgrad", 4096, 2048, 2048): (14, 2, 0, False),
     ("fwd", 4096, 5632, 2048): (3, 0, 0, False),  # 704 tiles: more than four waves
     ("fwd", 4096, 4096, 2112): (0, 0, 0, False),  # K > 2048: config 0 as before
+    ("wgrad", 4096, 4096, 2048): (3, 0, 0, False),  # the weight gradient: not measured, as before
     # config 13, tiles filling one wave, swizzle 2 (v0.22: 128x64; v0.28: 64x128 ping-pong)
     ("wgrad", 1024, 1024, 4096): (13, 2, 0, False),  # in place of split-K
     ("fwd", 4096, 256, 1024): (13, 2, 0, False),  # in place of the transposed problem
