@@ -166,6 +166,7 @@ RULE_CASES = {
     ("fwd", 4096, 2304, 768): (3, 0, 0, False),
     ("fwd", 4096, 2560, 1024): (14, 2, 0, False),  # 320 tiles: 81% of three waves
     ("fwd", 4096, 2304, 256): (14, 2, 0, False),  # K <= 256: not measured, unchanged
+    ("wgrad", 2304, 4096, 768): (14, 2, 0, False),  # the weight gradient: not measured, unchanged
     ("fwd", 1024, 5120, 512): (10, 0, 0, False),  # 160 tiles, 61%: the 128x192 tile, 0.926 vs 0.804
     # v0.32 candidate: the 128x192 tile where K is too long for the transposed problem
     # (1024 x 2816 x 4096 forward 0.897 vs 0.754 on config 14; dgrad layout 0.959 vs 0.784)

@@ -263,12 +263,15 @@ bool tile256x128_waves_fill(int64_t tiles, int64_t sms) {
 // yet run on the GPU): over more than one wave with 256 < K <= 1024, only where its waves are at
 // least 80% full (4096 x 2304 x 768 forward, 288 tiles, 73% full: 0.784 on config 14 against
 // 0.900 for config 3; 1024 x 5120 x 512, 61%: 0.804 against 0.926 for config 10; H100,
-// results/sweep_nvidia-h100-80gb-hbm3_*; K <= 256 unchanged, not measured).
+// results/sweep_nvidia-h100-80gb-hbm3_*; K <= 256 and the weight gradient over 257-1024 tokens
+// unchanged, not measured).
 bool tile256x128_takes(const GemmParams& p, int64_t sms) {
   if (p.dtype_cd != p.dtype_ab || p.m < 1024 || p.n < 1024 || p.k < 256) return false;
   const int64_t tiles = scheduled_tiles(ceil_div(p.m, 256), ceil_div(p.n, 128), 1, 2, 1);
   if (tiles <= sms && p.k <= 4096) return true;
-  return tiles <= 4 * sms && p.k <= 1024 && (p.k <= 256 || tile256x128_waves_fill(tiles, sms));
+  const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
+  return tiles <= 4 * sms && p.k <= 1024 &&
+         (p.k <= 256 || wgrad_layout || tile256x128_waves_fill(tiles, sms));
 }
 
 // Whether config 14 takes a problem of 1025-2048 K that the ping-pong tile (config 3) would
