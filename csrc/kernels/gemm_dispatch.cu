@@ -377,7 +377,12 @@ Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = 
       return c;
     }
   }
-  if (with_tile256x128 && tile256x128_takes_k2048(p, sms)) return tile256x128_choice(p, sms);
+  if (with_tile256x128 && tile256x128_takes_k2048(p, sms)) {
+    Sm90Choice k2048;
+    k2048.config = kTile256x128Config;
+    k2048.swizzle = 1;  // the swizzle it was measured with there
+    return k2048;
+  }
   if ((p.k <= 2048 && tiles128 >= 512) || (tiles128 > 1024 && tiles128 < 2048 && p.k <= 4096)) {
     // v0.27: the weight gradient here over 2049-4096 tokens (so 1025-2047 tiles), with the
     // input dtype out, keeps config 0 (a float32 output, the main-gradient accumulation, was
