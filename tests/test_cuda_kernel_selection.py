@@ -505,7 +505,7 @@ TRANSFORMER_RULE_CASES = [
     ("linear", (4096, 4096, 4096), 0),
     ("linear_wgrad", (4096, 3072, 768), 2),  # 144 tiles: stream-K
     ("linear", (512, 12288, 4096), 2),  # 192 tiles of 128x256 (1.45 waves): data-parallel 128x128
-    ("linear", (4096, 2304, 768), 14),  # 288 tiles of 256x128, K <= 1024
+    ("linear", (4096, 2304, 768), 3),  # 288 tiles of 256x128, 73% of three waves: ping-pong (v0.32)
     ("linear", (4096, 8192, 1024), 3),  # short-ish K, 1024 tiles: ping-pong
     ("linear_dgrad", (4096, 4096, 11008), 0),  # dgrad GEMM 4096 x 11008 x 4096: 2752 tiles (v0.26)
     ("linear", (4096, 4096, 11008), 0),  # K = 11008: 128x256 cooperative

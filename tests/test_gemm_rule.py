@@ -132,7 +132,11 @@ RULE_CASES = {
     ("fwd", 8192, 16384, 4096): (0, 2, 0, False),  # 8192 tiles: beyond 4096, config 0 swizzle 2
     # ping-pong for short K from 512 tiles (v0.8), beyond config 14's four waves (v0.22)
     ("fwd", 4096, 8192, 1024): (3, 0, 0, False),
+    # v0.32: the K = 1025-2048 clause of the H100 sweeps (config 14 here) was not taken: on the
+    # H200 ping-pong stayed ahead (4096 x 4096 x 2048 forward 1.020-1.030 vs 0.988 on config 14,
+    # results/sweep_nvidia-h200_20261128-090700.json)
     ("fwd", 4096, 4096, 2048): (3, 0, 0, False),
+    ("dgrad", 4096, 2048, 2048): (3, 0, 0, False),
     # config 13, tiles filling one wave, swizzle 2 (v0.22: 128x64; v0.28: 64x128 ping-pong)
     ("wgrad", 1024, 1024, 4096): (13, 2, 0, False),  # in place of split-K
     ("fwd", 4096, 256, 1024): (13, 2, 0, False),  # in place of the transposed problem
@@ -144,7 +148,19 @@ RULE_CASES = {
     ("wgrad", 1024, 4096, 4096): (14, 2, 0, False),
     ("wgrad", 3072, 1024, 4096): (14, 2, 0, False),
     ("fwd", 4096, 4096, 1024): (14, 2, 0, False),  # 512 tiles
-    ("fwd", 4096, 2304, 768): (14, 2, 0, False),
+    # v0.32: over more than a wave with 256 < K <= 1024, config 14 only where its
+    # waves are 80% full (4096 x 2304 x 768: 288 tiles, 73%: config 3, 0.900 vs 0.784 on the
+    # H100, 0.940 vs 0.794 on the H200)
+    ("fwd", 4096, 2304, 768): (3, 0, 0, False),
+    ("fwd", 4096, 2560, 1024): (14, 2, 0, False),  # 320 tiles: 81% of three waves
+    ("fwd", 4096, 2304, 256): (14, 2, 0, False),  # K <= 256: not measured, unchanged
+    ("wgrad", 2304, 4096, 768): (14, 2, 0, False),  # the weight gradient: not measured, unchanged
+    ("fwd", 1024, 5120, 512): (10, 0, 0, False),  # 160 tiles, 61%: 128x192, H100 0.926 vs 0.804
+    # v0.32: the 128x192 tile where K is too long for the transposed problem
+    # (1024 x 2816 x 4096 forward 0.897 vs 0.754 on config 14, H200 0.912 vs 0.761; dgrad layout
+    # 0.959 vs 0.784, H200 0.960 vs 0.790)
+    ("fwd", 1024, 2816, 4096): (10, 0, 0, False),
+    ("dgrad", 1024, 2816, 4096): (10, 0, 0, False),
     ("fwd", 4096, 4096, 4096): (0, 0, 0, False),  # 512 tiles over K = 4096: config 0
     ("fwd", 4096, 1024, 8192): (0, 0, 0, False),  # one wave over K > 4096: not measured
     ("fwd", 4096, 8192, 512): (3, 0, 0, False),  # 1024 tiles: beyond four waves

@@ -246,6 +246,11 @@ bool tile64x128_takes_small_wgrad(const GemmParams& p, int64_t sms) {
          p.k <= 8192 && tiles <= sms && tiles * 16 >= sms * 7;
 }
 
+// Whether config 14's tiles fill their waves to at least 80% (v0.32).
+bool tile256x128_waves_fill(int64_t tiles, int64_t sms) {
+  return tiles * 5 >= ceil_div(tiles, sms) * sms * 4;
+}
+
 // Whether config 14 (256x128 tiles, 1x2 cluster: the tile cuBLAS runs at these shapes) takes a
 // mid-size problem: at least 1024 x 1024 with K >= 256, the input dtype out, and at most one
 // wave of its tiles with K <= 4096, or at most four waves with K <= 1024. With a swizzle of 2.
@@ -254,11 +259,20 @@ bool tile64x128_takes_small_wgrad(const GemmParams& p, int64_t sms) {
 // 0.934, 4096 x 4096 x 1024 forward 0.966 vs 0.944, 4096 x 2816 x 1024 dgrad layout 0.947 vs
 // 0.913, 4096 x 1024 x 4096 forward 0.979 vs 0.952 and wgrad layout 0.978 vs 0.953, the
 // 3072 x 1024 wgrad 0.820 vs 0.783); it lost with more tiles over a longer K (4096 x 4096 x 4096
-// 0.976-0.985 vs 1.004-1.010 for config 0).
+// 0.976-0.985 vs 1.004-1.010 for config 0). v0.32: over more than one wave with 256 < K
+// <= 1024, only where its waves are at least 80% full (4096 x 2304 x 768 forward, 288 tiles, 73%
+// full: 0.784 on config 14 against 0.900 for config 3 on the H100, 0.794 against 0.940 on the
+// H200; 1024 x 5120 x 512, 61%: 0.804 against 0.926 for config 10 on the H100, 0.815 against
+// 0.930 on the H200; results/sweep_nvidia-h100-80gb-hbm3_* and
+// sweep_nvidia-h200_20261128-090700.json). K <= 256 and the weight gradient over 257-1024
+// tokens unchanged, not measured.
 bool tile256x128_takes(const GemmParams& p, int64_t sms) {
   if (p.dtype_cd != p.dtype_ab || p.m < 1024 || p.n < 1024 || p.k < 256) return false;
   const int64_t tiles = scheduled_tiles(ceil_div(p.m, 256), ceil_div(p.n, 128), 1, 2, 1);
-  return (tiles <= sms && p.k <= 4096) || (tiles <= 4 * sms && p.k <= 1024);
+  if (tiles <= sms && p.k <= 4096) return true;
+  const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
+  return tiles <= 4 * sms && p.k <= 1024 &&
+         (p.k <= 256 || wgrad_layout || tile256x128_waves_fill(tiles, sms));
 }
 
 // Config 14 with a swizzle of 2 (v0.22), none where that would add a wave (v0.24).
@@ -545,10 +559,17 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
     return standing_in_for_transposed(row_major);
   }
   const int transposed = transposed_config(p, sms);
-  if (transposed < 0) return row_major;
+  // v0.32: the 128x192 tile also where K is too long for the transposed problem (1024 x 2816 x
+  // 4096 forward: 0.754 on config 14, 0.897 on the 128x192 tile on the H100, 0.761 against 0.912
+  // on the H200; the 1024 x 2816 x 4096 dgrad GEMM of a 4096 x 2816 layer over 1024 tokens 0.784
+  // vs 0.959 on the H100, 0.790 vs 0.960 on the H200; sweep_nvidia-h200_20261128-090700.json).
+  // Where there is no transposed problem (long K, a fused epilogue) the tile stands in for
+  // nothing: a fused epilogue keeps its fused kernels.
   if (tile192_replaces_transposed_without_config14(p)) {
-    return standing_in_for_transposed(choose_row_major_config(p, false));
+    const Sm90Choice tile192 = choose_row_major_config(p, false);
+    return transposed < 0 ? tile192 : standing_in_for_transposed(tile192);
   }
+  if (transposed < 0) return row_major;
   Sm90Choice c;
   c.config = transposed;
   return c;
