@@ -105,9 +105,11 @@ def scale_(x: Tensor, factor: Tensor) -> None:
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
-    """The autocast dtype when autocast is on for ``device_type``, else None; also None for a
-    device type autocast does not know (meta), where torch.is_autocast_enabled raises."""
-    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+    """The autocast dtype when autocast is on for ``device_type``, else None; also None for
+    meta tensors, whose device type autocast does not know (torch.is_autocast_enabled raises).
+    Not torch.amp.is_autocast_available: Dynamo cannot trace it (torch 2.11 breaks the graph
+    there, and fullgraph compilation fails), while it traces is_autocast_enabled."""
+    if device_type != "meta" and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return None
 

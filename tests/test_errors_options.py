@@ -386,7 +386,7 @@ RMS_DTYPE = ("argument '{}' must have a floating dtype (float16, bfloat16, float
     [
         (lambda x: cutlass_nn.rms_norm(x, torch.ones(4)), "cutlass_nn.rms_norm: " + RMS_DTYPE.format("input")),
         (lambda x: cutlass_nn.add_rms_norm(x, x, torch.ones(4)),
-         "cutlass_nn.add_rms_norm: " + RMS_DTYPE.format("input")),
+         "cutlass_nn.add_rms_norm: " + RMS_DTYPE.format("x")),
     ],
     ids=["rms_norm", "add_rms_norm"],
 )
