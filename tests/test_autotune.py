@@ -16,21 +16,10 @@ from torch import nn
 
 import cutlass_nn
 from cutlass_nn import autotune
+from autotune_rows import tuned_row
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("empty_autotune_table")
-
-
-def _row(**overrides) -> dict:
-    row = {
-        "device_name": "no such GPU", "multiprocessors": 7, "m": 4096, "n": 256, "k": 1024,
-        "layout_a": "row", "layout_b": "col", "dtype": "bfloat16", "out_dtype": "bfloat16",
-        "bias": True, "accumulate": False, "config": 6, "swizzle": 0, "splits": 0,
-        "transposed": True, "rule_config": 7, "rule_swizzle": 0, "rule_splits": 0,
-        "rule_transposed": True, "candidates": 12, "best_us": 10.5, "rule_us": 12.0,
-    }  # fmt: skip
-    row.update(overrides)
-    return row
 
 
 def _write(path: Path, rows: list, fmt: str = autotune.FILE_FORMAT) -> Path:
@@ -65,7 +54,7 @@ def test_empty_table_report_and_save(tmp_path):
 
 
 def test_entries_of_another_gpu_are_skipped(tmp_path):
-    path = _write(tmp_path / "t.json", [_row(), _row(m=8192)])
+    path = _write(tmp_path / "t.json", [tuned_row(), tuned_row(m=8192)])
     assert autotune.load(path) == 0
     assert autotune.entries() == []
 
@@ -73,15 +62,15 @@ def test_entries_of_another_gpu_are_skipped(tmp_path):
 @pytest.mark.parametrize(
     "rows,fmt,match",
     [
-        ([_row()], "other/1", "'format' must be"),
+        ([tuned_row()], "other/1", "'format' must be"),
         ("x", autotune.FILE_FORMAT, "'entries' must be a list"),
         ([1], autotune.FILE_FORMAT, "entry 0 must be an object"),
-        ([_row(), _row(m="4096")], autotune.FILE_FORMAT, "entry 1 field 'm' must be int"),
-        ([_row(bias=1)], autotune.FILE_FORMAT, "field 'bias' must be bool"),
-        ([_row(config=True)], autotune.FILE_FORMAT, "field 'config' must be int"),
-        ([_row(layout_a="column")], autotune.FILE_FORMAT, "field 'layout_a' must be one of"),
-        ([_row(dtype="float32")], autotune.FILE_FORMAT, "field 'dtype' must be one of"),
-        ([{k: v for k, v in _row().items() if k != "best_us"}], autotune.FILE_FORMAT,
+        ([tuned_row(), tuned_row(m="4096")], autotune.FILE_FORMAT, "entry 1 field 'm' must be int"),
+        ([tuned_row(bias=1)], autotune.FILE_FORMAT, "field 'bias' must be bool"),
+        ([tuned_row(config=True)], autotune.FILE_FORMAT, "field 'config' must be int"),
+        ([tuned_row(layout_a="column")], autotune.FILE_FORMAT, "field 'layout_a' must be one of"),
+        ([tuned_row(dtype="float32")], autotune.FILE_FORMAT, "field 'dtype' must be one of"),
+        ([{k: v for k, v in tuned_row().items() if k != "best_us"}], autotune.FILE_FORMAT,
          "field 'best_us' must be a number"),
     ],  # fmt: skip
 )
@@ -186,7 +175,7 @@ def test_cache_file_written_at_exit_only_when_the_table_changed(tmp_path):
 
 
 def test_save_keeps_other_entries_of_the_file_and_leaves_no_temporary(tmp_path):
-    path = _write(tmp_path / "t.json", [_row(), _row(m=8192)])
+    path = _write(tmp_path / "t.json", [tuned_row(), tuned_row(m=8192)])
     assert autotune.save(path) == 0  # this process's table is empty
     doc = json.loads(path.read_text())
     assert [r["m"] for r in doc["entries"]] == [4096, 8192]  # the other GPU's entries stay
@@ -195,6 +184,6 @@ def test_save_keeps_other_entries_of_the_file_and_leaves_no_temporary(tmp_path):
 
 @pytest.mark.parametrize("field,value", [("best_us", 1e300), ("m", 2**40), ("splits", -1)])
 def test_out_of_range_numbers_are_refused(tmp_path, field, value):
-    path = _write(tmp_path / "t.json", [_row(**{field: value})])
+    path = _write(tmp_path / "t.json", [tuned_row(**{field: value})])
     with pytest.raises(ValueError, match=f"field '{field}' must be"):
         autotune.load(path)

@@ -24,6 +24,7 @@ from torch import nn
 
 import cutlass_nn
 from cutlass_nn import fp8
+from autotune_rows import tuned_row
 
 E = re.escape
 
@@ -141,25 +142,13 @@ def test_gated_mlp_from_module_keeps_fp8(make):
 # ---- 3. autotune files: a malformed entry loses nothing else -----------------------------------
 
 
-def _tuned_row(**overrides) -> dict:
-    row = {
-        "device_name": "no such GPU", "multiprocessors": 7, "m": 4096, "n": 256, "k": 1024,
-        "layout_a": "row", "layout_b": "col", "dtype": "bfloat16", "out_dtype": "bfloat16",
-        "bias": True, "accumulate": False, "config": 6, "swizzle": 0, "splits": 0,
-        "transposed": True, "rule_config": 7, "rule_swizzle": 0, "rule_splits": 0,
-        "rule_transposed": True, "candidates": 12, "best_us": 10.5, "rule_us": 12.0,
-    }  # fmt: skip
-    row.update(overrides)
-    return row
-
-
 def test_save_keeps_the_good_entries_of_a_file_with_a_malformed_one(tmp_path, empty_autotune_table):
     """Before: one malformed entry made save() drop every entry of the file."""
     import json
 
     path = tmp_path / "t.json"
-    good = [_tuned_row(), _tuned_row(m=8192)]
-    bad = _tuned_row(m="many")
+    good = [tuned_row(), tuned_row(m=8192)]
+    bad = tuned_row(m="many")
     path.write_text(json.dumps({"format": cutlass_nn.autotune.FILE_FORMAT,
                                 "entries": [good[0], bad, good[1]]}))
     with pytest.warns(UserWarning, match=E("cutlass_nn.autotune.save: ") + ".*1 malformed entry "
