@@ -79,8 +79,10 @@ void check_linear_wgrad_accumulate_args(const at::Tensor& grad_weight,
              "out_features = grad_output.shape[-1]");
   check_size(op, "grad_weight", grad_weight, 1, input.size(-1), "in_features = input.shape[-1]");
   check_writable(op, "grad_weight", grad_weight);
-  // The GEMM adds into grad_weight while it still reads its operands: an operand sharing
-  // grad_weight's memory would be read after parts of it were overwritten.
+  // An operand sharing grad_weight's memory is refused rather than served: the in-place GEMM
+  // would read it after parts were overwritten. The kernels' own fallback (the product formed in
+  // a separate buffer when the storages are shared) stays only as a backstop for what this
+  // check cannot decide; a caller asking for dW += f(dW) almost certainly has a bug.
   check_no_overlap(op, "grad_output", grad_output, "grad_weight", grad_weight);
   check_no_overlap(op, "input", input, "grad_weight", grad_weight);
 }

@@ -338,8 +338,8 @@ def _existing_rows(path: Path) -> list[dict]:
     """The well-formed entries of the autotune file at ``path`` ([] if there is no file). Raises
     when ``path`` is something else (:func:`save` must not overwrite it); skips malformed entries
     with a warning that shows them (one would make :func:`load` refuse the whole file)."""
-    if not path.exists():
-        return []
+    if not path.exists() or (path.is_file() and path.stat().st_size == 0):
+        return []  # an empty file (a fresh tempfile, a touched path) holds nothing to lose
     try:
         doc = _document("save", path)
     except ValueError as exc:

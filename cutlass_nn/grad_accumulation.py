@@ -87,6 +87,10 @@ def fused_wgrad_accumulation(enabled: bool = True) -> Iterator[None]:
 
 
 _HOOK_ATTR = "_cutlass_nn_main_grad_hook"
+#: the buffer of a parameter whose dtype no weight-gradient GEMM takes (complex): the fold-in
+#: hook's alone, not registered with the operators (cutlass_nn._set_main_grad refuses it)
+_HOOK_ONLY_BUFFER_ATTR = "_cutlass_nn_hook_only_main_grad"
+_GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _main_grad_dtype(p: torch.Tensor) -> torch.dtype:
@@ -99,7 +103,9 @@ def _fold_into_main_grad(p: torch.Tensor) -> None:
     grad = p.grad
     if grad is None:
         return
-    buffer = torch.ops.cutlass_nn._main_grad(p)
+    buffer = getattr(p, _HOOK_ONLY_BUFFER_ATTR, None)
+    if buffer is None:
+        buffer = torch.ops.cutlass_nn._main_grad(p)
     if buffer is None or getattr(p, "main_grad", None) is not buffer:
         raise RuntimeError(
             "cutlass_nn.attach_main_grads: a parameter's 'main_grad' was replaced or deleted "
@@ -120,8 +126,12 @@ def _fold_into_main_grad(p: torch.Tensor) -> None:
 def _attach(p: nn.Parameter, buffer: torch.Tensor) -> None:
     # registered first: _set_main_grad checks the buffer (cutlass_nn._set_main_grad: the
     # weight's shape and device, contiguous, the weight's dtype or float32 beside a 16-bit
-    # weight), and a refused buffer must leave p.grad where it was
-    torch.ops.cutlass_nn._set_main_grad(p, buffer)
+    # weight), and a refused buffer must leave p.grad where it was. A parameter whose dtype no
+    # GEMM takes (complex) gets a buffer that only the fold-in hook fills: not registered.
+    if p.dtype in _GEMM_DTYPES:
+        torch.ops.cutlass_nn._set_main_grad(p, buffer)
+    else:
+        setattr(p, _HOOK_ONLY_BUFFER_ATTR, buffer)
     if p.grad is not None:  # a gradient from before: it moves into the buffer
         buffer.add_(p.grad.detach())
         p.grad = None
@@ -211,6 +221,9 @@ def detach_main_grads(module: nn.Module) -> None:
             continue
         handle.remove()
         delattr(p, _HOOK_ATTR)
-        torch.ops.cutlass_nn._set_main_grad(p, None)
+        if hasattr(p, _HOOK_ONLY_BUFFER_ATTR):
+            delattr(p, _HOOK_ONLY_BUFFER_ATTR)
+        else:
+            torch.ops.cutlass_nn._set_main_grad(p, None)
         if hasattr(p, "main_grad"):
             del p.main_grad

@@ -40,22 +40,25 @@ def _check_activation(where: str, activation) -> str | None:
     )
 
 
-#: The values of CutlassLinear's ``precision``: None (the input's dtype) or "fp8".
-PRECISIONS = (None, "fp8")
+#: The values of CutlassLinear's ``precision``: None (the input's dtype) or "fp8"; ``"none"`` is
+#: None said explicitly (stored as None), which ``from_linear`` / ``GatedMLP.from_module`` need
+#: to turn an FP8 source into a plain layer, where None keeps the source's precision.
+PRECISIONS = (None, "none", "fp8")
 
 
 def _check_precision(where: str, precision, recipe) -> Fp8Recipe | None:
     """The FP8 recipe a layer keeps (None unless ``precision == "fp8"``), else an error."""
     if precision not in PRECISIONS:
         raise ValueError(
-            f"cutlass_nn.{where}: argument 'precision' must be None or \"fp8\", got {precision!r}"
+            f"cutlass_nn.{where}: argument 'precision' must be None, \"none\" or \"fp8\", "
+            f"got {precision!r}"
         )
     if recipe is not None and not isinstance(recipe, Fp8Recipe):
         raise TypeError(
             f"cutlass_nn.{where}: argument 'fp8_recipe' must be None or a cutlass_nn.fp8.Fp8Recipe, "
             f"got {type(recipe).__name__}"
         )
-    if precision is None:
+    if precision != "fp8":
         if recipe is not None:
             raise ValueError(
                 f"cutlass_nn.{where}: argument 'fp8_recipe' needs precision=\"fp8\""
@@ -113,8 +116,8 @@ class CutlassLinear(nn.Linear):
             ``F.gelu(approximate="tanh")``). ``"none"`` is stored as None. Kept in the
             attribute ``activation`` and shown in the ``repr``; it is not part of the
             ``state_dict``, which stays ``nn.Linear``'s.
-        precision: None (default: the GEMMs in the input's dtype) or ``"fp8"``: forward and
-            backward GEMMs on float8 operands with dynamic scaling (:func:`cutlass_nn.fp8.linear`;
+        precision: None (default: the GEMMs in the input's dtype; ``"none"`` says the same) or
+            ``"fp8"``: forward and backward GEMMs on float8 operands with dynamic scaling (:func:`cutlass_nn.fp8.linear`;
             the activation, if any, applied after the FP8 GEMM). Parameters keep their dtype and
             the ``state_dict`` is unchanged; ``precision`` and ``fp8_recipe`` are attributes
             shown in the ``repr``.
@@ -150,7 +153,7 @@ class CutlassLinear(nn.Linear):
         recipe = _check_precision("CutlassLinear", precision, fp8_recipe)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.activation = act
-        self.precision, self.fp8_recipe = precision, recipe
+        self.precision, self.fp8_recipe = (None if precision == "none" else precision), recipe
 
     def forward(self, input: Tensor) -> Tensor:
         try:
@@ -188,7 +191,8 @@ class CutlassLinear(nn.Linear):
 
         When ``linear`` is itself a ``CutlassLinear``, what it has of these is kept unless given:
         ``activation=None`` keeps its activation (``"none"`` removes it), ``precision=None``
-        keeps its precision, and ``fp8_recipe=None`` its recipe (with ``precision="fp8"``).
+        keeps its precision (``"none"`` makes the layer a plain one), and ``fp8_recipe=None``
+        its recipe (with ``precision="fp8"``).
 
         Training mode and forward hooks of ``linear`` are carried over, so swapping the module
         into a model changes nothing but the kernels that run (and, with ``activation``, adds
@@ -213,7 +217,7 @@ class CutlassLinear(nn.Linear):
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.activation = act
-        layer.precision, layer.fp8_recipe = precision, recipe
+        layer.precision, layer.fp8_recipe = (None if precision == "none" else precision), recipe
         layer.in_features = linear.in_features
         layer.out_features = linear.out_features
         layer.weight = linear.weight
@@ -667,7 +671,8 @@ class GatedMLP(nn.Module):
                 ``NewGELUActivation`` -> ``"gelu_tanh"``.
             precision, fp8_recipe: as in the constructor (the projections become FP8 layers).
                 None keeps what the projections have: ``CutlassLinear`` projections in FP8 stay
-                in FP8 with their recipe (see :meth:`CutlassLinear.from_linear`).
+                in FP8 with their recipe (see :meth:`CutlassLinear.from_linear`); ``"none"``
+                makes them plain layers.
 
         Training mode and the hooks of ``mlp`` (and of its projections) are carried over.
 

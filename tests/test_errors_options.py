@@ -101,6 +101,13 @@ def test_from_linear_of_a_cutlass_linear_keeps_activation_and_precision():
     assert (gelu.activation, gelu.precision, gelu.fp8_recipe) == ("gelu", "fp8", fp8.Fp8Recipe())
     # an nn.Linear source: as before
     assert cutlass_nn.CutlassLinear.from_linear(nn.Linear(4, 4)).precision is None
+    # precision="none" turns the FP8 source into a plain layer (None keeps its precision)
+    bf = cutlass_nn.CutlassLinear.from_linear(src, precision="none")
+    assert (bf.activation, bf.precision, bf.fp8_recipe) == ("relu", None, None)
+    torch.testing.assert_close(bf(x), torch.relu(F.linear(x, src.weight, src.bias)))
+    assert cutlass_nn.CutlassLinear(4, 4, precision="none").precision is None
+    with pytest.raises(ValueError, match=E("needs precision=\"fp8\"")):
+        cutlass_nn.CutlassLinear.from_linear(src, precision="none", fp8_recipe=ROWWISE)
 
 
 class _LlamaLikeMLP(nn.Module):
@@ -137,6 +144,8 @@ def test_gated_mlp_from_module_keeps_fp8(make):
     # a recipe given still wins
     tensorwise = cutlass_nn.GatedMLP.from_module(src, precision="fp8", fp8_recipe=fp8.Fp8Recipe())
     assert tensorwise.down_proj.fp8_recipe == fp8.Fp8Recipe()
+    plain = cutlass_nn.GatedMLP.from_module(src, precision="none")
+    assert all(p.precision is None for p in (plain.gate_proj, plain.up_proj, plain.down_proj))
 
 
 # ---- 3. autotune files: a malformed entry loses nothing else -----------------------------------
@@ -156,6 +165,16 @@ def test_save_keeps_the_good_entries_of_a_file_with_a_malformed_one(tmp_path, em
         cutlass_nn.autotune.save(path)
     assert json.loads(path.read_text())["entries"] == good
     assert cutlass_nn.autotune.load(path) == 0  # loadable again (no GPU: nothing added)
+
+
+def test_save_writes_into_an_empty_file(tmp_path, empty_autotune_table):
+    """An empty file (a fresh temporary file, a touched path) holds nothing to lose."""
+    import json
+
+    path = tmp_path / "empty.json"
+    path.touch()
+    assert cutlass_nn.autotune.save(path) == 0
+    assert json.loads(path.read_text())["entries"] == []
 
 
 @pytest.mark.parametrize("text", ['{"not": "an autotune file"}', "not JSON", "[1, 2]",

@@ -162,7 +162,7 @@ def test_convert_applies_the_size_rule(caplog):
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        (dict(precision="fp16"), ValueError, "argument 'precision' must be None or \"fp8\""),
+        (dict(precision="fp16"), ValueError, "argument 'precision' must be None, \"none\" or \"fp8\""),
         (dict(precision="fp8", fp8_recipe="rowwise"), TypeError, "argument 'fp8_recipe' must be"),
         (dict(fp8_recipe=Fp8Recipe()), ValueError, "argument 'fp8_recipe' needs precision"),
     ],

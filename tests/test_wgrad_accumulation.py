@@ -528,3 +528,24 @@ def test_main_grads_refuse_distributed_wrappers(tmp_path):
         assert not any(hasattr(p, "main_grad") for p in m.parameters())
     finally:
         dist.destroy_process_group()
+
+
+def test_main_grads_of_a_complex_parameter_are_folded_by_the_hook():
+    """No weight-gradient GEMM takes a complex parameter: its buffer is the fold-in hook's alone
+    (the operators refuse to register it), and the model's other parameters attach as usual."""
+    model = nn.Sequential(cutlass_nn.CutlassLinear(4, 3))
+    model.register_parameter("phase", nn.Parameter(torch.randn(3, dtype=torch.complex64)))
+    buffers = cutlass_nn.attach_main_grads(model)
+    assert set(buffers) == {"0.weight", "0.bias", "phase"}
+    x = torch.randn(5, 4)
+    for _ in range(2):
+        (model(x) * model.phase.abs()).sum().backward()
+    ref = model.phase.detach().clone().requires_grad_()
+    (model(x).detach() * ref.abs()).sum().backward()
+    torch.testing.assert_close(buffers["phase"], 2 * ref.grad)
+    assert model.phase.grad is None
+    cutlass_nn.detach_main_grads(model)
+    assert not hasattr(model.phase, "main_grad")
+    (model(x) * model.phase.abs()).sum().backward()
+    assert model.phase.grad is not None
+
