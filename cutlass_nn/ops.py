@@ -263,8 +263,7 @@ def cross_entropy_rows_(
     gradient. The building block of :func:`cutlass_nn.functional.linear_cross_entropy`; not
     differentiable itself."""
     op = "cross_entropy_rows_"
-    if write_grad is not True and write_grad is not False:
-        _checks.check_bool(op, "write_grad", write_grad)
+    _checks.check_bool(op, "write_grad", write_grad)
     return _ops.cross_entropy_rows_.default(
         logits, target, row_scale,
         _checks.check_int(op, "ignore_index", ignore_index, _checks.INT64_MIN, _checks.INT64_MAX,
@@ -318,9 +317,7 @@ def fp8_scaled_mm(
     bfloat16 kernel skip that promotion (faster, less accurate over a long ``K``). Every other
     case, and the CPU, computes the same arithmetic with ATen operations (the dequantized
     operands multiplied in float32). Not differentiable (float8 tensors carry no gradient)."""
-    # identity tests first: this runs for every FP8 GEMM; the helper only raises
-    if use_fast_accum is not True and use_fast_accum is not False:
-        _checks.check_bool("fp8_scaled_mm", "use_fast_accum", use_fast_accum)
+    _checks.check_bool("fp8_scaled_mm", "use_fast_accum", use_fast_accum)
     return _ops.fp8_scaled_mm.default(a, b, a_scale, b_scale, bias, out_dtype, use_fast_accum)
 
 
@@ -337,8 +334,7 @@ def fp8_quantize(
     :func:`cutlass_nn.fp8_reference.quantize_unchecked` (the CPU computes exactly that; CUDA
     runs two passes over ``x``: the maximum, then the scaled cast). No host synchronization; a
     non-finite element gives its slice a non-finite scale and NaN data. Not differentiable."""
-    if transpose is not True and transpose is not False:  # bool("no") would be True
-        _checks.check_bool("fp8_quantize", "transpose", transpose)
+    _checks.check_bool("fp8_quantize", "transpose", transpose)  # bool("no") would be True
     return _ops.fp8_quantize.default(x, format, axis, transpose)
 
 
@@ -363,8 +359,7 @@ def fp8_cast(x: Tensor, scale: Tensor, format: str = "e4m3", transpose: bool = F
     :func:`fp8_quantize` of the same tensor returned; with ``transpose`` the data of ``x^T``
     (``[C, R]``, contiguous). One pass over ``x`` (no maximum). Bitwise
     :func:`cutlass_nn.fp8_reference.cast_with_scale`. Not differentiable."""
-    if transpose is not True and transpose is not False:  # bool("False") would be True
-        _checks.check_bool("fp8_cast", "transpose", transpose)
+    _checks.check_bool("fp8_cast", "transpose", transpose)  # bool("False") would be True
     return _ops.fp8_cast.default(x, scale, format, transpose)
 
 
@@ -423,12 +418,7 @@ def _fake_common(op: str, ref_name: str, ref: Tensor, others: dict[str, Tensor])
             lambda: f"cutlass_nn.{op}: argument '{name}' must have dtype "
             f"{_dtype_name(ref.dtype)} (the dtype of '{ref_name}'), got {_dtype_name(t.dtype)}",
         )
-        _check(
-            t.device == ref.device,
-            op,
-            f"argument '{name}' must be on device {ref.device} (the device of '{ref_name}'), "
-            f"got {t.device}",
-        )
+        _fake_same_device(op, name, t, ref_name, ref)
 
 
 # The checks of csrc/validation.cpp, with its messages.
