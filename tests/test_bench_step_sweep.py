@@ -97,14 +97,46 @@ def test_round_order_rotates_and_reverses():
     cands = ss.parse_candidates("0,3,14")  # rule, 0, 3, 14
     labels = [[c.label for c in ss.round_order(cands, r)] for r in range(4)]
     assert labels[0] == ["rule", "0", "3", "14"]
-    assert labels[1] == ["rule", "14", "3", "0"]  # rotated by one, reversed
-    assert labels[2] == ["3", "14", "rule", "0"]
+    assert labels[1] == ["14", "3", "0", "rule"]  # reversed
+    assert labels[2] == ["0", "3", "14", "rule"]  # rotated by one
+    assert labels[3] == ["3", "0", "rule", "14"]  # reversed, rotated by one
     assert all(sorted(x) == sorted(labels[0]) for x in labels)
+    # over as many rounds as candidates, every candidate runs first once
+    assert sorted(order[0] for order in labels) == sorted(labels[0])
     # no candidate has the same predecessor in every round
     def before(order, label):
         return order[order.index(label) - 1] if order.index(label) else None
     for label in labels[0]:
         assert len({before(order, label) for order in labels}) > 1
+
+
+def test_rule_is_not_first_in_both_of_two_rounds():
+    # the sweeps run 2-3 rounds: the rule (the candidate every other is compared with) must not
+    # take the first slot, right after the warm-up, in both of the first two
+    cands = ss.parse_candidates("0,14,14:1,3,1,10")
+    firsts = [ss.round_order(cands, r)[0].label for r in range(2)]
+    assert firsts.count("rule") == 1
+
+
+def test_settle_runs_steps_for_the_time_asked():
+    class Trainer:
+        steps = 0
+
+        def step(self, batch):
+            self.steps += 1
+
+    t = Trainer()
+    assert ss.settle(t, [None], 0.0) == 1 == t.steps  # at least one step
+    t2 = Trainer()
+    n = ss.settle(t2, [None, None], 0.05)
+    assert n == t2.steps and n >= 2
+
+
+def test_settle_must_be_a_sane_number_of_seconds():
+    for bad in ("-1", "nan", "1e9"):
+        with pytest.raises(SystemExit):
+            ss.parse_args(["--what", "step-sweep", "--settle", bad])
+    assert ss.parse_args(["--what", "step-sweep", "--settle", "0"]).settle == 0.0
 
 
 def test_forced_setting_is_restored_when_a_step_raises():

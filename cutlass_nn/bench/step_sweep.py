@@ -29,7 +29,7 @@ Usage::
 
     python -m cutlass_nn.bench --what step-sweep [--family llama] [--size host] [--mode compile]
         [--candidates rule,0,2,2/1,2/2,3,3:2,10,13,14,14:1] [--rounds 3] [--steps 2]
-        [--warmup 3] [--vocab N] [--pdl] [--out DIR]
+        [--warmup 3] [--settle 2.0] [--vocab N] [--pdl] [--out DIR]
 
 A candidate is ``rule`` or ``config[/splits][:swizzle]`` (``2/1``: config 2 data-parallel,
 ``14:1``: config 14 with a swizzle of 1). ``reduce-overhead`` mode is refused: a CUDA-graph replay
@@ -173,6 +173,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the candidates")
     p.add_argument("--steps", type=int, default=2, help="profiled steps per candidate and round")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compiles)")
+    p.add_argument("--settle", type=float, default=2.0,
+                   help="seconds of untimed steps after the warm-up, before the first round "
+                        "(the GPU clock's ramp)")
     p.add_argument("--vocab", type=int, default=None, help="vocabulary (default: the size's)")
     p.add_argument("--pdl", action="store_true",
                    help="keep programmatic dependent launch on (off by default: see the docstring)")
@@ -185,6 +188,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for name in ("rounds", "steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not (math.isfinite(args.settle) and 0 <= args.settle <= 600):
+        p.error(f"--settle must be seconds in [0, 600], got {args.settle}")
     if args.mode == "compile" and args.warmup < 2:
         p.error(f"--mode compile compiles in its first steps: --warmup must be >= 2, got {args.warmup}")
     return args
@@ -232,12 +237,31 @@ def _probe_kernel(op: str, shapes: list[list[int]], candidate: Candidate) -> str
 
 
 def round_order(candidates: Sequence[Candidate], r: int) -> list[Candidate]:
-    """The candidates of round ``r``: rotated by ``r`` (no candidate always runs first) and
-    reversed in odd rounds (no candidate always runs right after the same one, whose GPU clock
-    and L2 contents it inherits)."""
+    """The candidates of round ``r``: in the given order in even rounds and reversed in odd ones
+    (no candidate always runs right after the same one, whose GPU clock and L2 contents it
+    inherits), rotated by ``r // 2`` (no candidate always runs first: until v0.33's sweeps the
+    odd rounds reversed a rotation by ``r``, which put the first candidate, the rule, first in
+    rounds 0 and 1, right after the warm-up, and its times came out 1-4% slow)."""
     n = len(candidates)
-    order = list(candidates[r % n:]) + list(candidates[:r % n])
-    return order[::-1] if r % 2 else order
+    seq = list(candidates) if r % 2 == 0 else list(candidates)[::-1]
+    k = (r // 2) % n
+    return seq[k:] + seq[:k]
+
+
+def settle(trainer, batches, seconds: float) -> int:
+    """Untimed steps until ``seconds`` have passed (at least one): the GPU's clock rises over the
+    first second or so of load, and the first candidate of the first round must not pay for it.
+    Returns the number of steps run."""
+    import time
+
+    steps = 0
+    start = time.perf_counter()
+    while steps == 0 or time.perf_counter() - start < seconds:
+        trainer.step(batches[steps % len(batches)])
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # wall time of GPU work, not of enqueueing it
+        steps += 1
+    return steps
 
 
 def _probe_or_error(op: str, shapes: list[list[int]], candidate: Candidate) -> str:
@@ -312,6 +336,7 @@ def main(argv: Sequence[str]) -> int:
     for i in range(args.warmup):
         trainer.step(batches[i % len(batches)])
     torch.cuda.synchronize()
+    settle(trainer, batches, args.settle)
 
     per_round: dict[str, list[dict]] = defaultdict(list)
     step_ms: dict[str, list[float]] = defaultdict(list)
