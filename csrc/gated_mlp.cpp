@@ -36,13 +36,44 @@ std::optional<at::Tensor> gate_up_bias(const std::optional<at::Tensor>& gate_bia
   return at::cat({*gate_bias, *up_bias}, 0);
 }
 
+at::Tensor gate_up_linear_kernel(const at::Tensor& input, const at::Tensor& gate_weight,
+                                 const at::Tensor& up_weight,
+                                 const std::optional<at::Tensor>& gate_bias,
+                                 const std::optional<at::Tensor>& up_bias) {
+  check_gate_up_linear_args(input, gate_weight, up_weight, gate_bias, up_bias);
+  return cutlass_nn::linear(input, gate_up_weight(gate_weight, up_weight),
+                            gate_up_bias(gate_bias, up_bias));
+}
+
+at::Tensor gate_up_dgrad_kernel(const at::Tensor& grad_gate_up, const at::Tensor& gate_weight,
+                                const at::Tensor& up_weight) {
+  check_gate_up_dgrad_args(grad_gate_up, gate_weight, up_weight);
+  return cutlass_nn::linear_dgrad(grad_gate_up, gate_up_weight(gate_weight, up_weight));
+}
+
+at::Tensor gate_up_linear(const at::Tensor& input, const at::Tensor& gate_weight,
+                          const at::Tensor& up_weight, const std::optional<at::Tensor>& gate_bias,
+                          const std::optional<at::Tensor>& up_bias) {
+  static const auto op = detail::find_op<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&)>("cutlass_nn::_gate_up_linear");
+  return op.call(input, gate_weight, up_weight, gate_bias, up_bias);
+}
+
+at::Tensor gate_up_dgrad(const at::Tensor& grad_gate_up, const at::Tensor& gate_weight,
+                         const at::Tensor& up_weight) {
+  static const auto op =
+      detail::find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+          "cutlass_nn::_gate_up_dgrad");
+  return op.call(grad_gate_up, gate_weight, up_weight);
+}
+
 std::tuple<at::Tensor, at::Tensor> gated_mlp_forward(
     const at::Tensor& input, const at::Tensor& gate_weight, const at::Tensor& up_weight,
     const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias,
     const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& down_bias,
     c10::string_view activation) {
-  const at::Tensor gate_up = cutlass_nn::linear(input, gate_up_weight(gate_weight, up_weight),
-                                                gate_up_bias(gate_bias, up_bias));
+  const at::Tensor gate_up = gate_up_linear(input, gate_weight, up_weight, gate_bias, up_bias);
   const at::Tensor hidden = cutlass_nn::gated_act(gate_up, activation);
   return {cutlass_nn::linear(hidden, down_weight,
                              defined(down_bias) ? down_bias : std::nullopt),

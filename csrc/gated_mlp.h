@@ -26,6 +26,27 @@ bool gate_up_adjacent(const at::Tensor& gate_weight, const at::Tensor& up_weight
 std::optional<at::Tensor> gate_up_bias(const std::optional<at::Tensor>& gate_bias,
                                        const std::optional<at::Tensor>& up_bias);
 
+// The kernels of the internal operators _gate_up_linear and _gate_up_dgrad (CPU and CUDA register
+// the same functions): linear(input, [gate; up], [gate_bias; up_bias]) -> [*, 2n] and
+// linear_dgrad(grad_gate_up, [gate; up]) -> [*, in], the weights joined by gate_up_weight. Being
+// operators of their own, they run on the real weights inside a traced graph too (torch.compile),
+// where the view is then taken; traced through gated_mlp's autograd as linear over gate_up_weight,
+// the concatenation of the weights was recorded into the graph (a copy of both weights per layer,
+// forward and backward).
+at::Tensor gate_up_linear_kernel(const at::Tensor& input, const at::Tensor& gate_weight,
+                                 const at::Tensor& up_weight,
+                                 const std::optional<at::Tensor>& gate_bias,
+                                 const std::optional<at::Tensor>& up_bias);
+at::Tensor gate_up_dgrad_kernel(const at::Tensor& grad_gate_up, const at::Tensor& gate_weight,
+                                const at::Tensor& up_weight);
+
+// Calls of those operators through the dispatcher (below autograd, where gated_mlp uses them).
+at::Tensor gate_up_linear(const at::Tensor& input, const at::Tensor& gate_weight,
+                          const at::Tensor& up_weight, const std::optional<at::Tensor>& gate_bias,
+                          const std::optional<at::Tensor>& up_bias);
+at::Tensor gate_up_dgrad(const at::Tensor& grad_gate_up, const at::Tensor& gate_weight,
+                         const at::Tensor& up_weight);
+
 // (out, gate_up) with gate_up = linear(input, [gate; up], [gate_bias; up_bias]) the gate+up GEMM
 // output [*, 2n] the backward needs. The arguments must have passed check_gated_mlp_args.
 std::tuple<at::Tensor, at::Tensor> gated_mlp_forward(

@@ -252,6 +252,46 @@ void check_cross_entropy_rows_args(const at::Tensor& logits, const at::Tensor& t
               std::to_string(label_smoothing));  // a string: see the eps check below
 }
 
+namespace {
+
+// The gate and up weights of the gated operators against `ref` (named `ref_name`): same dtype and
+// device, gate_weight [n, in] with in = `in` (unless `in` < 0), up_weight of gate_weight's shape.
+void check_gate_up_weights(const char* op, const char* ref_name, const at::Tensor& ref,
+                           const at::Tensor& gate_weight, const at::Tensor& up_weight,
+                           int64_t in, const char* in_what) {
+  for (const auto& [name, w] : {std::pair<const char*, const at::Tensor*>{"gate_weight", &gate_weight},
+                                {"up_weight", &up_weight}}) {
+    check_same_dtype(op, name, *w, ref_name, ref);
+    check_same_device(op, name, *w, ref_name, ref);
+  }
+  check_dim(op, "gate_weight", gate_weight, 2, "[n, in]");
+  if (in >= 0) check_size(op, "gate_weight", gate_weight, 1, in, in_what);
+  check_same_shape(op, "up_weight", up_weight, "gate_weight", gate_weight);
+}
+
+// gate_bias / up_bias: both or neither, each [n] of input's dtype and device.
+void check_gate_up_biases(const char* op, const at::Tensor& input, int64_t n,
+                          const std::optional<at::Tensor>& gate_bias,
+                          const std::optional<at::Tensor>& up_bias) {
+  const bool has_gate_bias = gate_bias.has_value() && gate_bias->defined();
+  const bool has_up_bias = up_bias.has_value() && up_bias->defined();
+  TORCH_CHECK(has_gate_bias == has_up_bias, "cutlass_nn.", op,
+              ": arguments 'gate_bias' and 'up_bias' must be given both or neither, got "
+              "gate_bias=",
+              has_gate_bias ? "a tensor" : "None", ", up_bias=", has_up_bias ? "a tensor" : "None");
+  for (const auto& [name, bias] :
+       {std::pair<const char*, const std::optional<at::Tensor>*>{"gate_bias", &gate_bias},
+        {"up_bias", &up_bias}}) {
+    if (!bias->has_value() || !(*bias)->defined()) continue;
+    check_same_dtype(op, name, **bias, "input", input);
+    check_same_device(op, name, **bias, "input", input);
+    check_dim(op, name, **bias, 1, "[n]");
+    check_size(op, name, **bias, 0, n, "[n]");
+  }
+}
+
+}  // namespace
+
 void check_gated_mlp_args(const at::Tensor& input, const at::Tensor& gate_weight,
                           const at::Tensor& up_weight, const at::Tensor& down_weight,
                           const std::optional<at::Tensor>& gate_bias,
@@ -260,34 +300,47 @@ void check_gated_mlp_args(const at::Tensor& input, const at::Tensor& gate_weight
   const char* op = "gated_mlp";
   check_float_dtype(op, "input", input);
   check_min_dim(op, "input", input, 1, "[*, in]");
-  for (const auto& [name, w] : {std::pair<const char*, const at::Tensor*>{"gate_weight", &gate_weight},
-                                {"up_weight", &up_weight},
-                                {"down_weight", &down_weight}}) {
-    check_same_dtype(op, name, *w, "input", input);
-    check_same_device(op, name, *w, "input", input);
-  }
-  check_dim(op, "gate_weight", gate_weight, 2, "[n, in]");
-  check_size(op, "gate_weight", gate_weight, 1, input.size(-1), "in = input.shape[-1]");
-  check_same_shape(op, "up_weight", up_weight, "gate_weight", gate_weight);
+  check_same_dtype(op, "gate_weight", gate_weight, "input", input);
+  check_same_device(op, "gate_weight", gate_weight, "input", input);
+  check_same_dtype(op, "up_weight", up_weight, "input", input);
+  check_same_device(op, "up_weight", up_weight, "input", input);
+  check_same_dtype(op, "down_weight", down_weight, "input", input);
+  check_same_device(op, "down_weight", down_weight, "input", input);
+  check_gate_up_weights(op, "input", input, gate_weight, up_weight, input.size(-1),
+                        "in = input.shape[-1]");
   check_dim(op, "down_weight", down_weight, 2, "[out, n]");
   check_size(op, "down_weight", down_weight, 1, gate_weight.size(0), "n = gate_weight.shape[0]");
-  const bool has_gate_bias = gate_bias.has_value() && gate_bias->defined();
-  const bool has_up_bias = up_bias.has_value() && up_bias->defined();
-  TORCH_CHECK(has_gate_bias == has_up_bias, "cutlass_nn.", op,
-              ": arguments 'gate_bias' and 'up_bias' must be given both or neither, got "
-              "gate_bias=",
-              has_gate_bias ? "a tensor" : "None", ", up_bias=", has_up_bias ? "a tensor" : "None");
-  const auto check_bias = [&](const char* name, const std::optional<at::Tensor>& bias,
-                              int64_t size, const char* what) {
-    if (!bias.has_value() || !bias->defined()) return;
-    check_same_dtype(op, name, *bias, "input", input);
-    check_same_device(op, name, *bias, "input", input);
-    check_dim(op, name, *bias, 1, what);
-    check_size(op, name, *bias, 0, size, what);
-  };
-  check_bias("gate_bias", gate_bias, gate_weight.size(0), "[n]");
-  check_bias("up_bias", up_bias, gate_weight.size(0), "[n]");
-  check_bias("down_bias", down_bias, down_weight.size(0), "[out]");
+  check_gate_up_biases(op, input, gate_weight.size(0), gate_bias, up_bias);
+  if (down_bias.has_value() && down_bias->defined()) {
+    check_same_dtype(op, "down_bias", *down_bias, "input", input);
+    check_same_device(op, "down_bias", *down_bias, "input", input);
+    check_dim(op, "down_bias", *down_bias, 1, "[out]");
+    check_size(op, "down_bias", *down_bias, 0, down_weight.size(0), "[out]");
+  }
+}
+
+void check_gate_up_linear_args(const at::Tensor& input, const at::Tensor& gate_weight,
+                               const at::Tensor& up_weight,
+                               const std::optional<at::Tensor>& gate_bias,
+                               const std::optional<at::Tensor>& up_bias) {
+  const char* op = "_gate_up_linear";
+  check_float_dtype(op, "input", input);
+  check_min_dim(op, "input", input, 1, "[*, in]");
+  check_gate_up_weights(op, "input", input, gate_weight, up_weight, input.size(-1),
+                        "in = input.shape[-1]");
+  check_gate_up_biases(op, input, gate_weight.size(0), gate_bias, up_bias);
+}
+
+void check_gate_up_dgrad_args(const at::Tensor& grad_gate_up, const at::Tensor& gate_weight,
+                              const at::Tensor& up_weight) {
+  const char* op = "_gate_up_dgrad";
+  check_float_dtype(op, "grad_gate_up", grad_gate_up);
+  check_min_dim(op, "grad_gate_up", grad_gate_up, 1, "[*, 2n]");
+  check_gate_up_weights(op, "grad_gate_up", grad_gate_up, gate_weight, up_weight, -1, "");
+  TORCH_CHECK(grad_gate_up.size(-1) == 2 * gate_weight.size(0), "cutlass_nn.", op,
+              ": argument 'grad_gate_up' must have last dimension 2n = ",
+              2 * gate_weight.size(0), " (n = gate_weight.shape[0]), got shape ",
+              shape_string(grad_gate_up.sizes()));
 }
 
 void check_activation_grad_args(const at::Tensor& grad_output, const at::Tensor& preact) {

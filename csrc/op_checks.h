@@ -51,6 +51,18 @@ void check_gated_mlp_args(const at::Tensor& input, const at::Tensor& gate_weight
                           const std::optional<at::Tensor>& up_bias,
                           const std::optional<at::Tensor>& down_bias);
 
+// _gate_up_linear(input [*, in], gate_weight [n, in], up_weight [n, in], gate_bias [n]?,
+// up_bias [n]? (both or neither)): one dtype, one device.
+void check_gate_up_linear_args(const at::Tensor& input, const at::Tensor& gate_weight,
+                               const at::Tensor& up_weight,
+                               const std::optional<at::Tensor>& gate_bias,
+                               const std::optional<at::Tensor>& up_bias);
+
+// _gate_up_dgrad(grad_gate_up [*, 2n], gate_weight [n, in], up_weight [n, in]): one dtype, one
+// device.
+void check_gate_up_dgrad_args(const at::Tensor& grad_gate_up, const at::Tensor& gate_weight,
+                              const at::Tensor& up_weight);
+
 // activation_grad(grad_output [*, features], preact [*, features]): same shape, dtype, device
 void check_activation_grad_args(const at::Tensor& grad_output, const at::Tensor& preact);
 

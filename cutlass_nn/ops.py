@@ -881,15 +881,26 @@ def _cross_entropy_rows_fake(logits, target, row_scale, ignore_index, label_smoo
     return logits.new_empty((rows,), dtype=stat), logits.new_empty((rows,), dtype=stat)
 
 
-def _fake_bias(op: str, name: str, bias: Tensor | None, size, ref: Tensor) -> None:
+def _fake_bias(op: str, name: str, bias: Tensor | None, size, ref: Tensor, what: str) -> None:
+    # the order and messages of the bias checks of csrc/op_checks.cpp's gated operators
     if bias is None:
         return
     _fake_common(op, "input", ref, {name: bias})
+    _fake_dim(op, name, bias, 1, what)
+    _fake_size(op, name, bias, 0, size, what)
+
+
+def _fake_gate_up_biases(op: str, input: Tensor, n, gate_bias, up_bias) -> None:
+    # the order and messages of csrc/op_checks.cpp's check_gate_up_biases
     _check(
-        bias.dim() == 1 and bias.shape[0] == size,
+        (gate_bias is None) == (up_bias is None),
         op,
-        f"argument '{name}' must be a 1-D tensor of size {size}, got shape {list(bias.shape)}",
+        "arguments 'gate_bias' and 'up_bias' must be given both or neither, got "
+        f"gate_bias={'a tensor' if gate_bias is not None else 'None'}, "
+        f"up_bias={'a tensor' if up_bias is not None else 'None'}",
     )
+    _fake_bias(op, "gate_bias", gate_bias, n, input, "[n]")
+    _fake_bias(op, "up_bias", up_bias, n, input, "[n]")
 
 
 @torch.library.register_fake("cutlass_nn::gated_mlp")
@@ -929,17 +940,54 @@ def _gated_mlp_fake(
         f"argument 'down_weight' must have shape [out, {n}] (n = the rows of 'gate_weight'), got "
         f"{list(down_weight.shape)}",
     )
-    _check(
-        (gate_bias is None) == (up_bias is None),
-        op,
-        "arguments 'gate_bias' and 'up_bias' must be given both or neither, got "
-        f"gate_bias={'a tensor' if gate_bias is not None else 'None'}, "
-        f"up_bias={'a tensor' if up_bias is not None else 'None'}",
-    )
-    _fake_bias(op, "gate_bias", gate_bias, n, input)
-    _fake_bias(op, "up_bias", up_bias, n, input)
-    _fake_bias(op, "down_bias", down_bias, down_weight.shape[0], input)
+    _fake_gate_up_biases(op, input, n, gate_bias, up_bias)
+    _fake_bias(op, "down_bias", down_bias, down_weight.shape[0], input, "[out]")
     return input.new_empty((*input.shape[:-1], down_weight.shape[0]))
+
+
+def _fake_gate_up_weights(op: str, ref_name: str, ref: Tensor, gate_weight, up_weight, in_size,
+                          in_what: str) -> None:
+    # the order and messages of csrc/op_checks.cpp's check_gate_up_weights
+    _fake_common(op, ref_name, ref, {"gate_weight": gate_weight, "up_weight": up_weight})
+    _fake_dim(op, "gate_weight", gate_weight, 2, "[n, in]")
+    if in_size is not None:
+        _fake_size(op, "gate_weight", gate_weight, 1, in_size, in_what)
+    _check(
+        tuple(up_weight.shape) == tuple(gate_weight.shape),
+        op,
+        f"argument 'up_weight' must have the shape of 'gate_weight' {list(gate_weight.shape)}, "
+        f"got {list(up_weight.shape)}",
+    )
+
+
+@torch.library.register_fake("cutlass_nn::_gate_up_linear")
+def _gate_up_linear_fake(input, gate_weight, up_weight, gate_bias=None, up_bias=None):
+    # the order and messages of csrc/op_checks.cpp's check_gate_up_linear_args
+    op = "_gate_up_linear"
+    _fake_common(op, "input", input, {})
+    _fake_min_dim(op, "input", input, 1, "[*, in]")
+    _fake_gate_up_weights(op, "input", input, gate_weight, up_weight, input.shape[-1],
+                          "in = input.shape[-1]")
+    n = gate_weight.shape[0]
+    _fake_gate_up_biases(op, input, n, gate_bias, up_bias)
+    return input.new_empty((*input.shape[:-1], 2 * n))
+
+
+@torch.library.register_fake("cutlass_nn::_gate_up_dgrad")
+def _gate_up_dgrad_fake(grad_gate_up, gate_weight, up_weight):
+    # the order and messages of csrc/op_checks.cpp's check_gate_up_dgrad_args
+    op = "_gate_up_dgrad"
+    _fake_common(op, "grad_gate_up", grad_gate_up, {})
+    _fake_min_dim(op, "grad_gate_up", grad_gate_up, 1, "[*, 2n]")
+    _fake_gate_up_weights(op, "grad_gate_up", grad_gate_up, gate_weight, up_weight, None, "")
+    n = gate_weight.shape[0]
+    _check(
+        grad_gate_up.shape[-1] == 2 * n,
+        op,
+        f"argument 'grad_gate_up' must have last dimension 2n = {2 * n} (n = "
+        f"gate_weight.shape[0]), got shape {list(grad_gate_up.shape)}",
+    )
+    return grad_gate_up.new_empty((*grad_gate_up.shape[:-1], gate_weight.shape[1]))
 
 
 # ---------------------------------------------------------------------------------------------

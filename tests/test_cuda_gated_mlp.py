@@ -95,6 +95,29 @@ def test_misaligned_strided_and_batched_inputs(dtype, gen):
     assert torch.equal(buf, before)  # inputs untouched
 
 
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_fast_activation_math_at_special_values(dtype, activation):
+    # 16-bit silu / gelu_tanh run on the hardware exp2 approximation (csrc/kernels/gated_act.cu);
+    # at infinities, NaN, huge and tiny gates they must give what the float math of the CPU
+    # kernels gives (NaN where it is NaN, values within one rounding of the output, and the
+    # underflowing tails within 1e-30, where the approximation is the closer of the two).
+    gates = [float("-inf"), -1000.0, -100.0, -88.0, -87.0, -20.0, -10.0, -3.0, -1e-30, -0.0, 0.0,
+             1e-30, 0.5, 3.0, 10.0, 20.0, 100.0, 1000.0, float("inf"), float("nan")]
+    n = len(gates)
+    gate = torch.tensor(gates * 8, dtype=torch.float32).view(8, n)
+    up = torch.linspace(-2, 2, 8 * n).view(8, n)
+    gate_up = torch.cat((gate, up), dim=1).to(dtype)
+    grad = torch.linspace(-1, 1, 8 * n).view(8, n).to(dtype)
+    tol = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}[dtype]
+    want_out = ops.gated_act(gate_up, activation)
+    want_grad, want_out2 = ops.gated_act_backward(grad, gate_up, activation)
+    got_out = ops.gated_act(gate_up.cuda(), activation).cpu()
+    got_grad, got_out2 = (t.cpu() for t in ops.gated_act_backward(grad.cuda(), gate_up.cuda(), activation))
+    for got, want in ((got_out, want_out), (got_out2, want_out2), (got_grad, want_grad)):
+        torch.testing.assert_close(got, want, rtol=tol, atol=1e-30, equal_nan=True)
+
+
 def test_empty_shapes():
     for shape in [(0, 8), (4, 0), (0, 0)]:
         gu = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
@@ -256,6 +279,61 @@ def test_compile_matches_eager():
     yc = compiled(x)
     (gc,) = torch.autograd.grad(yc.float().square().sum(), x)
     assert rel_err(yc, ye) <= 1e-2 and rel_err(gc, ge) <= 2e-2
+
+
+def test_compiled_step_copies_no_weight_and_matches_eager():
+    # Inductor's graph of a compiled GatedMLP step calls the gate+up operators, which read the
+    # packed weights in place: no kernel of the step copies or concatenates them (v0.33: a cat of
+    # both weights ran in the forward and again in the backward), and the step is eager's, bit
+    # for bit (same GEMMs, same gated kernels).
+    torch.manual_seed(0)
+    mlp = cutlass_nn.GatedMLP(512, 1376, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, 128, 512, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(mlp, fullgraph=True)
+
+    def step(fn):
+        xx = x.clone().requires_grad_()
+        y = fn(xx)
+        y.backward(torch.ones_like(y))
+        grads = [xx.grad] + [p.grad for p in mlp.parameters()]
+        mlp.zero_grad(set_to_none=True)
+        return [y.detach()] + grads
+
+    step(compiled)  # compiles
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        got = step(compiled)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels, "the profiler recorded no kernel"
+    # Inductor names a concatenation's kernel triton_..._cat_...; ATen's is CatArrayBatchedCopy
+    copies = [k for k in kernels if (k.startswith("triton_") and "cat" in k) or "CatArray" in k]
+    assert not copies, copies
+    ops_run = {e.name for e in prof.events()}
+    assert "cutlass_nn::_gate_up_linear" in ops_run and "cutlass_nn::_gate_up_dgrad" in ops_run
+    want = step(mlp)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_gate_up_operators_on_packed_and_separate_weights(bias, gen):
+    inter, hidden = 1376, 512
+    packed = rand((2 * inter, hidden), torch.bfloat16, gen, 0.05)
+    wg, wu = packed[:inter], packed[inter:]
+    wg2, wu2 = wg.clone(), wu.clone()
+    b = rand((2 * inter,), torch.bfloat16, gen) if bias else None
+    biases = (b[:inter], b[inter:]) if bias else (None, None)
+    x = rand((3, 40, hidden), torch.bfloat16, gen)
+    want = ops.linear(x, packed, b)
+    assert torch.equal(ops._gate_up_linear(x, wg, wu, *biases), want)
+    assert torch.equal(ops._gate_up_linear(x, wg2, wu2, *biases), want)
+    g = rand((3, 40, 2 * inter), torch.bfloat16, gen)
+    want_d = ops.linear_dgrad(g, packed)
+    assert torch.equal(ops._gate_up_dgrad(g, wg, wu), want_d)
+    assert torch.equal(ops._gate_up_dgrad(g, wg2, wu2), want_d)
+    ref = g.double() @ packed.double()
+    assert rel_err(want_d, ref) <= MLP_BOUND[torch.bfloat16]
 
 
 def test_autocast_runs_in_bfloat16_with_float32_gradients():

@@ -394,15 +394,36 @@ ERROR_CASES = [
     (lambda: ops.gated_mlp(_x(2, 4), _x(3, 4), _x(3, 4), _x(4, 3), None, _x(3)),
      r"cutlass_nn\.gated_mlp: arguments? .*'gate_bias'.*'up_bias'"),
     (lambda: ops.gated_mlp(_x(2, 4), _x(3, 4), _x(3, 4), _x(4, 3), _x(3), _x(3), _x(3)),
-     r"cutlass_nn\.gated_mlp: argument 'down_bias'"),
+     r"cutlass_nn\.gated_mlp: argument 'down_bias' must have size 4 in dimension 0 \(\[out\]\), got shape \[3\]"),
     (lambda: ops.gated_mlp(_x(2, 4), _x(3, 4), _x(3, 4), _x(4, 3), _x(2), _x(2)),
-     r"cutlass_nn\.gated_mlp: argument 'gate_bias'"),
+     r"cutlass_nn\.gated_mlp: argument 'gate_bias' must have size 3 in dimension 0 \(\[n\]\), got shape \[2\]"),
     (lambda: ops.gated_mlp(torch.ones(2, 4, dtype=torch.int64), _x(3, 4), _x(3, 4), _x(4, 3)),
      r"cutlass_nn\.gated_mlp: argument 'input' must have a floating dtype"),
     (lambda: ops.gated_mlp(_x(2, 4), _x(3, 4, dtype=torch.float64), _x(3, 4), _x(4, 3)),
      r"cutlass_nn\.gated_mlp: argument 'gate_weight' must have dtype float32"),
     (lambda: ops.gated_mlp(torch.tensor(1.0), _x(3, 1), _x(3, 1), _x(4, 3)),
      r"cutlass_nn\.gated_mlp: argument 'input' must have at least 1 dimension"),
+    # the internal gate+up operators gated_mlp runs its gate+up GEMMs through
+    (lambda: ops._gate_up_linear(_x(2, 4), _x(3, 4), _x(2, 4)),
+     r"cutlass_nn\._gate_up_linear: argument 'up_weight' must have the shape of 'gate_weight' \[3, 4\], got \[2, 4\]"),
+    (lambda: ops._gate_up_linear(_x(2, 4), _x(3, 5), _x(3, 5)),
+     r"cutlass_nn\._gate_up_linear: argument 'gate_weight' must have size 4 in dimension 1"),
+    (lambda: ops._gate_up_linear(_x(2, 4), _x(3, 4), _x(3, 4), _x(3), None),
+     r"cutlass_nn\._gate_up_linear: arguments 'gate_bias' and 'up_bias' must be given both or neither"),
+    (lambda: ops._gate_up_linear(_x(2, 4), _x(3, 4), _x(3, 4), _x(2), _x(2)),
+     r"cutlass_nn\._gate_up_linear: argument 'gate_bias' must have size 3"),
+    (lambda: ops._gate_up_linear(_x(2, 4), _x(3, 4, dtype=torch.float64), _x(3, 4)),
+     r"cutlass_nn\._gate_up_linear: argument 'gate_weight' must have dtype float32"),
+    (lambda: ops._gate_up_linear(torch.ones(2, 4, dtype=torch.int64), _x(3, 4), _x(3, 4)),
+     r"cutlass_nn\._gate_up_linear: argument 'input' must have a floating dtype"),
+    (lambda: ops._gate_up_dgrad(_x(2, 5), _x(3, 4), _x(3, 4)),
+     r"cutlass_nn\._gate_up_dgrad: argument 'grad_gate_up' must have last dimension 2n = 6 \(n = gate_weight.shape\[0\]\), got shape \[2, 5\]"),
+    (lambda: ops._gate_up_dgrad(_x(2, 6), _x(3, 4), _x(3, 5)),
+     r"cutlass_nn\._gate_up_dgrad: argument 'up_weight' must have the shape of 'gate_weight'"),
+    (lambda: ops._gate_up_dgrad(_x(2, 6), _x(3, 4, 1), _x(3, 4, 1)),
+     r"cutlass_nn\._gate_up_dgrad: argument 'gate_weight' must be a 2-D tensor \[n, in\], got a 3-D"),
+    (lambda: ops._gate_up_dgrad(torch.tensor(1.0), _x(3, 4), _x(3, 4)),
+     r"cutlass_nn\._gate_up_dgrad: argument 'grad_gate_up' must have at least 1 dimension"),
 ]
 
 
@@ -462,12 +483,97 @@ def _opcheck_samples():
     buf = torch.cat((gw, uw)).requires_grad_()
     samples.append(pytest.param("gated_mlp", (x, buf[:5], buf[5:], dw, None, None, None, "silu"),
                                 id="gated_mlp-packed"))
+    b = torch.randn(10)
+    for name, (g, u) in (("packed", (buf.detach()[:5], buf.detach()[5:])), ("separate", (gw, uw))):
+        samples.append(pytest.param("_gate_up_linear", (x, g, u), id=f"_gate_up_linear-{name}"))
+        samples.append(pytest.param("_gate_up_linear", (x, g, u, b[:5], b[5:]),
+                                    id=f"_gate_up_linear-{name}-bias"))
+        samples.append(pytest.param("_gate_up_dgrad", (torch.randn(2, 3, 10), g, u),
+                                    id=f"_gate_up_dgrad-{name}"))
     return samples
 
 
 @pytest.mark.parametrize("op, args", _opcheck_samples())
 def test_opcheck(op, args):
     torch.library.opcheck(getattr(ops, op).default, args)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "separate"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_gate_up_operators_are_linear_over_the_joined_weights(packed, bias):
+    # float64: the GEMM over the weights' own storage (packed) and over their concatenation
+    # (separate) must both give exactly linear / linear_dgrad over torch.cat
+    gen = torch.Generator().manual_seed(3)
+    n, k = 5, 7
+    x = torch.randn(2, 3, k, dtype=torch.float64, generator=gen)
+    buf = torch.randn(2 * n, k, dtype=torch.float64, generator=gen)
+    g, u = (buf[:n], buf[n:]) if packed else (buf[:n].clone(), buf[n:].clone())
+    gb, ub = (torch.randn(n, dtype=torch.float64, generator=gen) for _ in range(2))
+    biases = (gb, ub) if bias else (None, None)
+    joined_bias = torch.cat((gb, ub)) if bias else None
+    before = [t.clone() for t in (x, g, u)]
+    out = ops._gate_up_linear(x, g, u, *biases)
+    assert torch.equal(out, ops.linear(x, torch.cat((g, u)), joined_bias))
+    torch.testing.assert_close(out, TF.linear(x, torch.cat((g, u)), joined_bias))
+    grad = torch.randn(2, 3, 2 * n, dtype=torch.float64, generator=gen)
+    dgrad = ops._gate_up_dgrad(grad, g, u)
+    assert torch.equal(dgrad, ops.linear_dgrad(grad, torch.cat((g, u))))
+    torch.testing.assert_close(dgrad, grad @ torch.cat((g, u)))
+    assert all(torch.equal(a, b) for a, b in zip((x, g, u), before))  # inputs untouched
+
+
+def test_gate_up_operators_fake_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        w = torch.empty(6, 8)
+        assert ops._gate_up_linear(torch.empty(2, 3, 8), w, w).shape == (2, 3, 12)
+        assert ops._gate_up_dgrad(torch.empty(2, 3, 12), w, w).shape == (2, 3, 8)
+
+
+def _aot_graphs(module, x):
+    """The forward and backward graphs AOTAutograd traces for module(x) (fullgraph)."""
+    import torch._dynamo
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        from functorch.compile import make_boxed_func
+
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, bw_compiler=keep)
+
+    torch._dynamo.reset()
+    y = torch.compile(module, backend=backend, fullgraph=True)(x)
+    y.sum().backward()
+    return graphs
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_compiled_gated_mlp_copies_no_weight(bias):
+    # Traced through gated_mlp's autograd, the gate+up GEMM used to be recorded as a cat of the two
+    # weights (a copy of both per layer in the forward and again in the backward); now the graphs
+    # call the gate+up operators, which take the packed weights' storage as it is when they run.
+    torch.manual_seed(0)
+    module = GatedMLP(16, 24, activation="silu", bias=bias)
+    x = torch.randn(2, 3, 16, requires_grad=True)
+    graphs = _aot_graphs(module, x)
+    assert len(graphs) == 2  # forward, backward
+    targets = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+    assert not [t for t in targets if "cat" in t], targets
+    assert sum("_gate_up_linear" in t for t in targets) == 1, targets
+    assert sum("_gate_up_dgrad" in t for t in targets) == 1, targets
+    module.zero_grad(set_to_none=True)
+    ref = copy.deepcopy(module)
+    x2 = torch.randn(2, 3, 16)
+    got = _fwd_bwd(torch.compile(module, fullgraph=True), module, x2)
+    want = _fwd_bwd(ref, ref, x2)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
 
 
 class _GraphRecorder:

@@ -689,7 +689,11 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
     if (!need_gate_up_side) return grads;
 
     const int64_t n = saved[1].size(0);
-    if (need(0)) grads[0] = cutlass_nn::linear_dgrad(grad_gate_up, gate_up_weight_now());
+    if (need(0)) {
+      grads[0] = create_graph
+                     ? cutlass_nn::linear_dgrad(grad_gate_up, gate_up_weight_now())
+                     : gate_up_dgrad(grad_gate_up, saved[1], saved[2]);
+    }
     const bool accumulated = need(1) && need(2) &&
                              accumulate_gate_up_wgrad_in_place(grad_gate_up, input, saved[1],
                                                                saved[2]);

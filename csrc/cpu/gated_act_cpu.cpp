@@ -44,6 +44,8 @@ TORCH_LIBRARY_IMPL(cutlass_nn, CPU, m) {
   m.impl("gated_act_backward", &gated_act_backward_cpu);
   m.impl("gated_act_backward_", &gated_act_backward_inplace_cpu);
   m.impl("gated_mlp", &gated_mlp_composite);
+  m.impl("_gate_up_linear", &gate_up_linear_kernel);
+  m.impl("_gate_up_dgrad", &gate_up_dgrad_kernel);
 }
 
 }  // namespace cutlass_nn

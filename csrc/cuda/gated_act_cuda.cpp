@@ -100,6 +100,8 @@ TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
   m.impl("gated_act_backward", &gated_act_backward_cuda);
   m.impl("gated_act_backward_", &gated_act_backward_inplace_cuda);
   m.impl("gated_mlp", &gated_mlp_composite);
+  m.impl("_gate_up_linear", &gate_up_linear_kernel);
+  m.impl("_gate_up_dgrad", &gate_up_dgrad_kernel);
 }
 
 }  // namespace cuda
