@@ -337,9 +337,11 @@ void check_gate_up_dgrad_args(const at::Tensor& grad_gate_up, const at::Tensor& 
   check_float_dtype(op, "grad_gate_up", grad_gate_up);
   check_min_dim(op, "grad_gate_up", grad_gate_up, 1, "[*, 2n]");
   check_gate_up_weights(op, "grad_gate_up", grad_gate_up, gate_weight, up_weight, -1, "");
+  // The number as a string (validation.h: an integer streamed into a message crashes the
+  // process on the GPU machine's torch build; this one did, before it went through to_string).
   TORCH_CHECK(grad_gate_up.size(-1) == 2 * gate_weight.size(0), "cutlass_nn.", op,
               ": argument 'grad_gate_up' must have last dimension 2n = ",
-              2 * gate_weight.size(0), " (n = gate_weight.shape[0]), got shape ",
+              std::to_string(2 * gate_weight.size(0)), " (n = gate_weight.shape[0]), got shape ",
               shape_string(grad_gate_up.sizes()));
 }
 
