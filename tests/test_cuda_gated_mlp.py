@@ -97,11 +97,10 @@ def test_misaligned_strided_and_batched_inputs(dtype, gen):
 
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_fast_activation_math_at_special_values(dtype, activation):
-    # 16-bit silu / gelu_tanh run on the hardware exp2 approximation (csrc/kernels/gated_act.cu);
-    # at infinities, NaN, huge and tiny gates they must give what the float math of the CPU
-    # kernels gives (NaN where it is NaN, values within one rounding of the output, and the
-    # underflowing tails within 1e-30, where the approximation is the closer of the two).
+def test_gated_kernels_at_special_values(dtype, activation):
+    # at infinities, NaN, huge and tiny gates the CUDA kernels give what the CPU kernels give
+    # (NaN where it is NaN, values within one rounding of the output, underflowing tails within
+    # 1e-30): both run activation_math.h's float math.
     gates = [float("-inf"), -1000.0, -100.0, -88.0, -87.0, -20.0, -10.0, -3.0, -1e-30, -0.0, 0.0,
              1e-30, 0.5, 3.0, 10.0, 20.0, 100.0, 1000.0, float("inf"), float("nan")]
     n = len(gates)

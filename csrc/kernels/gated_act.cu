@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "dtype_pack.cuh"    // AccType, to_acc / from_acc, Pack16
 #include "launch_helpers.h"  // resolve_multiprocessors, aligned16
@@ -21,75 +20,6 @@ namespace {
 constexpr int kMaxThreads = 256;
 constexpr int kBlocksPerSm = 8;  // 2048 resident threads per SM at 256 threads per block
 constexpr int kMaxGridY = 65535;
-
-// The activation math of 16-bit tensors (half, bfloat16), for silu and gelu_tanh: both are
-// z * sigmoid(w) (w = z, resp. 2 sqrt(2/pi) (z + 0.044715 z^3), since 0.5 (1 + tanh(x)) =
-// sigmoid(2x)), with the sigmoid from the hardware's exp2 approximation (__expf, a few float ulp)
-// and a correctly rounded reciprocal. Its error, ~1e-7 relative, is far under the output's
-// rounding (2^-9 bfloat16, 2^-12 half). The float math of activation_math.h (expf / tanhf and an
-// IEEE division, 30-40 instructions per element) made these kernels compute-bound: the forward
-// over a 4096 x 11008 bfloat16 gate took 97 us on an H200 against ~56 us for its bytes at HBM rate
-// (benchmarks/NOTES.md v0.33). Float and double tensors keep activation_math.h's math, and the
-// erf-form gelu keeps it for every dtype. The forward and the backward's recomputed forward run
-// the same code, so they agree bit for bit.
-template <typename T>
-constexpr bool kFastGatedMath = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
-
-template <Activation A>
-constexpr bool kSigmoidForm = A == Activation::kSilu || A == Activation::kGeluTanh;
-
-__device__ __forceinline__ float fast_sigmoid(float w) {
-  // w -> -inf: __expf(-w) = inf, the reciprocal 0 (as z / (1 + e^-z) goes to -0); NaN stays NaN.
-  return __frcp_rn(1.0f + __expf(-w));
-}
-
-// sigmoid's argument w and dw/dz for the two sigmoid-form activations.
-template <Activation A>
-__device__ __forceinline__ float sigmoid_argument(float z) {
-  using namespace activation_constants;
-  if constexpr (A == Activation::kSilu) {
-    return z;
-  } else {
-    return 2.0f * kSqrt2OverPi * (z + kGeluTanhKappa * z * z * z);
-  }
-}
-
-template <Activation A>
-__device__ __forceinline__ float sigmoid_argument_derivative(float z) {
-  using namespace activation_constants;
-  if constexpr (A == Activation::kSilu) {
-    return 1.0f;
-  } else {
-    return 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhKappa * z * z);
-  }
-}
-
-// act(g) (fast form where it applies, else activation_math.h's).
-template <typename T, Activation A>
-__device__ __forceinline__ Acc<T> gated_act_value(Acc<T> g) {
-  if constexpr (kFastGatedMath<T> && kSigmoidForm<A>) {
-    return g * fast_sigmoid(sigmoid_argument<A>(g));
-  } else {
-    return activation_forward(A, g);
-  }
-}
-
-// out = act(g) * u, grad_g = go * u * act'(g), grad_u = go * act(g); act'(z) = s + z s (1 - s)
-// w'(z) in the fast form (s = sigmoid(w)).
-template <typename T, Activation A>
-__device__ __forceinline__ void gated_act_backward_values(Acc<T> go, Acc<T> g, Acc<T> u,
-                                                          Acc<T>& out, Acc<T>& grad_g,
-                                                          Acc<T>& grad_u) {
-  if constexpr (kFastGatedMath<T> && kSigmoidForm<A>) {
-    const float s = fast_sigmoid(sigmoid_argument<A>(g));
-    const float a = g * s;
-    out = a * u;
-    grad_u = go * a;
-    grad_g = go * u * (s + g * s * (1.0f - s) * sigmoid_argument_derivative<A>(g));
-  } else {
-    gated_backward<Acc<T>>(A, go, g, u, out, grad_g, grad_u);
-  }
-}
 
 // kN consecutive elements of T: one 16-byte pack (kVec) or a single element.
 template <typename T, bool kVec> struct Chunk {
@@ -141,7 +71,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       Chunk<T, kVec> o;
 #pragma unroll
       for (int k = 0; k < kN; ++k) {
-        o.v[k] = from_acc<T>(gated_act_value<T, A>(to_acc(g.v[k])) * to_acc(u.v[k]));
+        o.v[k] = from_acc<T>(activation_forward(A, to_acc(g.v[k])) * to_acc(u.v[k]));
       }
       store_chunk<T, kVec>(out_row + j, o);
     }
@@ -171,8 +101,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
       for (int k = 0; k < kN; ++k) {
         Acc vo, vdg, vdu;
-        gated_act_backward_values<T, A>(to_acc(go.v[k]), to_acc(g.v[k]), to_acc(u.v[k]), vo, vdg,
-                                        vdu);
+        gated_backward<Acc>(A, to_acc(go.v[k]), to_acc(g.v[k]), to_acc(u.v[k]), vo, vdg, vdu);
         o.v[k] = from_acc<T>(vo);
         dg.v[k] = from_acc<T>(vdg);
         du.v[k] = from_acc<T>(vdu);
