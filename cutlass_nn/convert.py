@@ -137,7 +137,8 @@ def convert(
             source) one :func:`cutlass_nn.functional.apply_rotary_pos_emb` call
             (:func:`cutlass_nn.fused_rotary.fuse_rotary`: the layer keeps its class, its code
             and ``state_dict``); ``filter_fn`` is asked about each such layer.
-        precision: None (default) or ``"fp8"``: the converted ``nn.Linear`` layers whose shape
+        precision: None (default) or ``"none"`` (the same: plain layers), or ``"fp8"``: the
+            converted ``nn.Linear`` layers whose shape
             passes :func:`cutlass_nn.fp8.eligible` (both dimensions at least
             :data:`cutlass_nn.fp8.MIN_FEATURES` and multiples of 16) train in FP8
             (``CutlassLinear(precision="fp8")``; with ``fuse_mlp``, the gated MLPs whose gate
@@ -156,7 +157,7 @@ def convert(
         TypeError: ``module`` is not an ``nn.Module``, ``filter_fn`` is not callable, a
             ``fuse_*`` flag is not a bool, or ``fp8_recipe`` is not an ``Fp8Recipe`` (nothing is
             changed).
-        ValueError: ``precision`` is not None or ``"fp8"``, or ``fp8_recipe`` without
+        ValueError: ``precision`` is not None, ``"none"`` or ``"fp8"``, or ``fp8_recipe`` without
             ``precision="fp8"`` (nothing is changed).
 
         Whatever ``filter_fn`` or the run on ``example_inputs`` raises propagates, and every
