@@ -41,7 +41,8 @@ TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
                          "bias_grad", "mm", "mm.out", "add2", "scale_", "linear_act", "linear_act_aux",
                          "activation_grad", "rms_norm", "add_rms_norm", "rms_norm_backward",
                          "gated_act", "gated_act_backward", "gated_act_backward_",
-                         "gated_mlp", "_gate_up_linear", "_gate_up_dgrad", "cross_entropy_rows_", "rotary_embedding",
+                         "gated_mlp", "_gate_up_linear", "_gate_up_dgrad", "_pack_gate_up",
+                         "cross_entropy_rows_", "rotary_embedding",
                          "rotary_embedding_backward", "fp8_scaled_mm", "fp8_quantize",
                          "fp8_quantize_both", "fp8_cast"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&no_cuda_kernels>());

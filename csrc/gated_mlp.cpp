@@ -51,6 +51,23 @@ at::Tensor gate_up_dgrad_kernel(const at::Tensor& grad_gate_up, const at::Tensor
   return cutlass_nn::linear_dgrad(grad_gate_up, gate_up_weight(gate_weight, up_weight));
 }
 
+at::Tensor pack_gate_up_kernel(const at::Tensor& gate, const at::Tensor& up,
+                               at::ScalarType dtype) {
+  check_pack_gate_up_args(gate, up, dtype);
+  const int64_t n = gate.size(0);
+  at::Tensor packed = at::empty({2 * n, gate.size(1)}, gate.options().dtype(dtype));
+  packed.narrow(0, 0, n).copy_(gate);
+  packed.narrow(0, n, n).copy_(up);
+  return packed;
+}
+
+at::Tensor pack_gate_up(const at::Tensor& gate, const at::Tensor& up, at::ScalarType dtype) {
+  static const auto op =
+      detail::find_op<at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType)>(
+          "cutlass_nn::_pack_gate_up");
+  return op.call(gate, up, dtype);
+}
+
 at::Tensor gate_up_linear(const at::Tensor& input, const at::Tensor& gate_weight,
                           const at::Tensor& up_weight, const std::optional<at::Tensor>& gate_bias,
                           const std::optional<at::Tensor>& up_bias) {

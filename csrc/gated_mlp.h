@@ -32,7 +32,7 @@ std::optional<at::Tensor> gate_up_bias(const std::optional<at::Tensor>& gate_bia
 // operators of their own, they run on the real weights inside a traced graph too (torch.compile),
 // where the view is then taken; traced through gated_mlp's autograd as linear over gate_up_weight,
 // the concatenation of the weights was recorded into the graph (a copy of both weights per layer,
-// forward and backward).
+// which the backward kept for its input gradient).
 at::Tensor gate_up_linear_kernel(const at::Tensor& input, const at::Tensor& gate_weight,
                                  const at::Tensor& up_weight,
                                  const std::optional<at::Tensor>& gate_bias,
@@ -40,12 +40,19 @@ at::Tensor gate_up_linear_kernel(const at::Tensor& input, const at::Tensor& gate
 at::Tensor gate_up_dgrad_kernel(const at::Tensor& grad_gate_up, const at::Tensor& gate_weight,
                                 const at::Tensor& up_weight);
 
-// Calls of those operators through the dispatcher (below autograd, where gated_mlp uses them).
+// The kernel of the internal operator _pack_gate_up (CPU and CUDA): gate and up cast to `dtype`
+// into the two halves of one new [2n, in] buffer.
+at::Tensor pack_gate_up_kernel(const at::Tensor& gate, const at::Tensor& up,
+                               at::ScalarType dtype);
+
+// Calls of those operators through the dispatcher (below autograd, where gated_mlp uses them;
+// pack_gate_up through autograd from the autocast kernel).
 at::Tensor gate_up_linear(const at::Tensor& input, const at::Tensor& gate_weight,
                           const at::Tensor& up_weight, const std::optional<at::Tensor>& gate_bias,
                           const std::optional<at::Tensor>& up_bias);
 at::Tensor gate_up_dgrad(const at::Tensor& grad_gate_up, const at::Tensor& gate_weight,
                          const at::Tensor& up_weight);
+at::Tensor pack_gate_up(const at::Tensor& gate, const at::Tensor& up, at::ScalarType dtype);
 
 // (out, gate_up) with gate_up = linear(input, [gate; up], [gate_bias; up_bias]) the gate+up GEMM
 // output [*, 2n] the backward needs. The arguments must have passed check_gated_mlp_args.

@@ -345,6 +345,21 @@ void check_gate_up_dgrad_args(const at::Tensor& grad_gate_up, const at::Tensor& 
               shape_string(grad_gate_up.sizes()));
 }
 
+void check_pack_gate_up_args(const at::Tensor& gate, const at::Tensor& up, at::ScalarType dtype) {
+  const char* op = "_pack_gate_up";
+  check_float_dtype(op, "gate", gate);
+  check_dim(op, "gate", gate, 2, "[n, in]");
+  check_same_dtype(op, "up", up, "gate", gate);
+  check_same_device(op, "up", up, "gate", gate);
+  check_same_shape(op, "up", up, "gate", gate);
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat ||
+                  dtype == at::kDouble,
+              "cutlass_nn.", op,
+              ": argument 'dtype' must be a floating dtype (float16, bfloat16, float32 or "
+              "float64), got ",
+              dtype_name(dtype));
+}
+
 void check_activation_grad_args(const at::Tensor& grad_output, const at::Tensor& preact) {
   const char* op = "activation_grad";
   check_float_dtype(op, "grad_output", grad_output);

@@ -63,6 +63,10 @@ void check_gate_up_linear_args(const at::Tensor& input, const at::Tensor& gate_w
 void check_gate_up_dgrad_args(const at::Tensor& grad_gate_up, const at::Tensor& gate_weight,
                               const at::Tensor& up_weight);
 
+// _pack_gate_up(gate [n, in], up [n, in], dtype): floating, one shape, dtype and device; a
+// floating target dtype.
+void check_pack_gate_up_args(const at::Tensor& gate, const at::Tensor& up, at::ScalarType dtype);
+
 // activation_grad(grad_output [*, features], preact [*, features]): same shape, dtype, device
 void check_activation_grad_args(const at::Tensor& grad_output, const at::Tensor& preact);
 

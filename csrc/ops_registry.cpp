@@ -356,7 +356,7 @@ TORCH_LIBRARY(cutlass_nn, m) {
   // layout), else over their concatenation. gated_mlp's forward and backward call them so that
   // a graph traced through gated_mlp (torch.compile) holds these calls, which see the real,
   // adjacent weights when they run, instead of a recorded concatenation (a copy of both weights
-  // per layer, forward and backward: 0.17 ms of a compiled Llama step at hidden 4096 on an H200,
+  // per layer, kept for the backward: 0.17 ms of a compiled Llama step at hidden 4096 on an H200,
   // benchmarks/NOTES.md v0.33).
   m.def(
       "_gate_up_linear(Tensor input, Tensor gate_weight, Tensor up_weight, "
@@ -364,6 +364,13 @@ TORCH_LIBRARY(cutlass_nn, m) {
       tags);
   m.def("_gate_up_dgrad(Tensor grad_gate_up, Tensor gate_weight, Tensor up_weight) -> Tensor",
         contiguous_tags);
+  // Internal (gated_mlp's autocast kernel): gate [n, in] and up [n, in] cast to `dtype` into the
+  // two halves of one new [2n, in] buffer, differentiable (each half's gradient goes back to its
+  // weight in the weight's dtype). Autocast passes the halves to gated_mlp, which then reads them
+  // as one GEMM operand; an operator of its own so that in a traced graph the halves stay views
+  // of one buffer (cast separately, or concatenated with aten ops that Inductor splits again,
+  // they reached _gate_up_linear and _gate_up_dgrad as two buffers, each then concatenated).
+  m.def("_pack_gate_up(Tensor gate, Tensor up, ScalarType dtype) -> Tensor", tags);
 
   // Rotary position embedding of queries and keys, the "rotate half" form of transformers'
   // apply_rotary_pos_emb (unsqueeze_dim=1): q [B, Hq, S, D], k [B, Hk, S, D], cos and sin

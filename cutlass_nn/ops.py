@@ -914,34 +914,21 @@ def _gated_mlp_fake(
     down_bias=None,
     activation="silu",
 ):
+    # the order and messages of csrc/op_checks.cpp's check_gated_mlp_args, then the activation
+    # (checked after the arguments, as the kernels do)
     op = "gated_mlp"
-    weights = {"gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}
-    _fake_common(op, "input", input, weights)
-    _fake_gated_activation(op, activation)
-    _check(input.dim() >= 1, op, "argument 'input' must have at least 1 dimension(s) [*, in]")
-    for name, w in weights.items():
-        _check(w.dim() == 2, op, f"argument '{name}' must be 2-D, got shape {list(w.shape)}")
-    n, k = gate_weight.shape
-    _check(
-        gate_weight.shape[1] == input.shape[-1],
-        op,
-        f"argument 'gate_weight' must have shape [n, {input.shape[-1]}] (in = the last dimension "
-        f"of 'input'), got {list(gate_weight.shape)}",
-    )
-    _check(
-        tuple(up_weight.shape) == tuple(gate_weight.shape),
-        op,
-        f"argument 'up_weight' must have the shape of 'gate_weight' {list(gate_weight.shape)}, "
-        f"got {list(up_weight.shape)}",
-    )
-    _check(
-        down_weight.shape[1] == n,
-        op,
-        f"argument 'down_weight' must have shape [out, {n}] (n = the rows of 'gate_weight'), got "
-        f"{list(down_weight.shape)}",
-    )
+    _fake_common(op, "input", input, {})
+    _fake_min_dim(op, "input", input, 1, "[*, in]")
+    _fake_common(op, "input", input,
+                 {"gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight})
+    _fake_gate_up_weights(op, "input", input, gate_weight, up_weight, input.shape[-1],
+                          "in = input.shape[-1]")
+    n = gate_weight.shape[0]
+    _fake_dim(op, "down_weight", down_weight, 2, "[out, n]")
+    _fake_size(op, "down_weight", down_weight, 1, n, "n = gate_weight.shape[0]")
     _fake_gate_up_biases(op, input, n, gate_bias, up_bias)
     _fake_bias(op, "down_bias", down_bias, down_weight.shape[0], input, "[out]")
+    _fake_gated_activation(op, activation)
     return input.new_empty((*input.shape[:-1], down_weight.shape[0]))
 
 
@@ -971,6 +958,27 @@ def _gate_up_linear_fake(input, gate_weight, up_weight, gate_bias=None, up_bias=
     n = gate_weight.shape[0]
     _fake_gate_up_biases(op, input, n, gate_bias, up_bias)
     return input.new_empty((*input.shape[:-1], 2 * n))
+
+
+@torch.library.register_fake("cutlass_nn::_pack_gate_up")
+def _pack_gate_up_fake(gate, up, dtype):
+    # the order and messages of csrc/op_checks.cpp's check_pack_gate_up_args
+    op = "_pack_gate_up"
+    _fake_common(op, "gate", gate, {})
+    _fake_dim(op, "gate", gate, 2, "[n, in]")
+    _fake_common(op, "gate", gate, {"up": up})
+    _check(
+        tuple(up.shape) == tuple(gate.shape),
+        op,
+        f"argument 'up' must have the shape of 'gate' {list(gate.shape)}, got {list(up.shape)}",
+    )
+    _check(
+        dtype in _FLOAT_DTYPES,
+        op,
+        "argument 'dtype' must be a floating dtype (float16, bfloat16, float32 or float64), got "
+        f"{_dtype_name(dtype)}",
+    )
+    return gate.new_empty((2 * gate.shape[0], gate.shape[1]), dtype=dtype)
 
 
 @torch.library.register_fake("cutlass_nn::_gate_up_dgrad")

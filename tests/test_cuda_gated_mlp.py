@@ -280,19 +280,23 @@ def test_compile_matches_eager():
     assert rel_err(yc, ye) <= 1e-2 and rel_err(gc, ge) <= 2e-2
 
 
-def test_compiled_step_copies_no_weight_and_matches_eager():
+@pytest.mark.parametrize("amp", [False, True], ids=["bf16-weights", "autocast-fp32-weights"])
+def test_compiled_step_copies_no_weight_and_matches_eager(amp):
     # Inductor's graph of a compiled GatedMLP step calls the gate+up operators, which read the
-    # packed weights in place: no kernel of the step copies or concatenates them (v0.33: a cat of
-    # both weights ran in the forward and again in the backward), and the step is eager's, bit
-    # for bit (same GEMMs, same gated kernels).
+    # packed weights in place: no kernel of the step copies or concatenates them (until v0.33 a
+    # cat of both weights ran per layer, kept for the backward), and the step is eager's, bit
+    # for bit (same GEMMs, same gated kernels). Under autocast with float32 weights the traced
+    # graph casts both into one buffer (_pack_gate_up) whose halves the operators read in place.
     torch.manual_seed(0)
-    mlp = cutlass_nn.GatedMLP(512, 1376, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(4, 128, 512, device="cuda", dtype=torch.bfloat16)
+    dtype = torch.float32 if amp else torch.bfloat16
+    mlp = cutlass_nn.GatedMLP(512, 1376, device="cuda", dtype=dtype)
+    x = torch.randn(4, 128, 512, device="cuda", dtype=dtype)
     compiled = torch.compile(mlp, fullgraph=True)
 
     def step(fn):
         xx = x.clone().requires_grad_()
-        y = fn(xx)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            y = fn(xx)
         y.backward(torch.ones_like(y))
         grads = [xx.grad] + [p.grad for p in mlp.parameters()]
         mlp.zero_grad(set_to_none=True)
@@ -310,6 +314,7 @@ def test_compiled_step_copies_no_weight_and_matches_eager():
     assert not copies, copies
     ops_run = {e.name for e in prof.events()}
     assert "cutlass_nn::_gate_up_linear" in ops_run and "cutlass_nn::_gate_up_dgrad" in ops_run
+    assert ("cutlass_nn::_pack_gate_up" in ops_run) == amp
     want = step(mlp)
     for a, b in zip(got, want):
         assert torch.equal(a, b)

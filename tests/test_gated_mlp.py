@@ -422,6 +422,16 @@ ERROR_CASES = [
      r"cutlass_nn\._gate_up_dgrad: argument 'up_weight' must have the shape of 'gate_weight'"),
     (lambda: ops._gate_up_dgrad(_x(2, 6), _x(3, 4, 1), _x(3, 4, 1)),
      r"cutlass_nn\._gate_up_dgrad: argument 'gate_weight' must be a 2-D tensor \[n, in\], got a 3-D"),
+    (lambda: ops._pack_gate_up(_x(3, 4), _x(3, 5), torch.bfloat16),
+     r"cutlass_nn\._pack_gate_up: argument 'up' must have the shape of 'gate' \[3, 4\], got \[3, 5\]"),
+    (lambda: ops._pack_gate_up(_x(3, 4), _x(3, 4, dtype=torch.float64), torch.bfloat16),
+     r"cutlass_nn\._pack_gate_up: argument 'up' must have dtype float32 \(the dtype of 'gate'\), got float64"),
+    (lambda: ops._pack_gate_up(_x(12), _x(12), torch.bfloat16),
+     r"cutlass_nn\._pack_gate_up: argument 'gate' must be a 2-D tensor \[n, in\], got a 1-D"),
+    (lambda: ops._pack_gate_up(_x(3, 4), _x(3, 4), torch.int32),
+     r"cutlass_nn\._pack_gate_up: argument 'dtype' must be a floating dtype \(float16, bfloat16, float32 or float64\), got int32"),
+    (lambda: ops._pack_gate_up(torch.ones(3, 4, dtype=torch.int64), torch.ones(3, 4, dtype=torch.int64), torch.float32),
+     r"cutlass_nn\._pack_gate_up: argument 'gate' must have a floating dtype"),
     (lambda: ops._gate_up_dgrad(torch.tensor(1.0), _x(3, 4), _x(3, 4)),
      r"cutlass_nn\._gate_up_dgrad: argument 'grad_gate_up' must have at least 1 dimension"),
 ]
@@ -435,10 +445,14 @@ def test_argument_errors_name_operator_and_argument(call, message):
 
 @pytest.mark.parametrize("call, message", ERROR_CASES)
 def test_fake_implementations_raise_like_eager(call, message):
+    # the same message, word for word, as the C++ checks give for the same arguments
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode(), pytest.raises(RuntimeError, match=message):
+    with pytest.raises(RuntimeError) as eager:
         call()
+    with FakeTensorMode(), pytest.raises(RuntimeError, match=message) as fake:
+        call()
+    assert str(fake.value).splitlines()[0] == str(eager.value).splitlines()[0]
 
 
 def test_functional_forms_reject_a_non_string_activation_by_name():
@@ -490,6 +504,10 @@ def _opcheck_samples():
                                     id=f"_gate_up_linear-{name}-bias"))
         samples.append(pytest.param("_gate_up_dgrad", (torch.randn(2, 3, 10), g, u),
                                     id=f"_gate_up_dgrad-{name}"))
+    for dtype in (torch.bfloat16, torch.float32, torch.float64):
+        samples.append(pytest.param(
+            "_pack_gate_up", (torch.randn(5, 4, requires_grad=True), torch.randn(5, 4, requires_grad=True), dtype),
+            id=f"_pack_gate_up-{dtype}"))
     return samples
 
 
@@ -531,24 +549,64 @@ def test_gate_up_operators_fake_shapes():
         assert ops._gate_up_dgrad(torch.empty(2, 3, 12), w, w).shape == (2, 3, 8)
 
 
-def _aot_graphs(module, x):
-    """The forward and backward graphs AOTAutograd traces for module(x) (fullgraph)."""
-    import torch._dynamo
+@pytest.mark.parametrize("op", ["_gate_up_linear", "_gate_up_dgrad"])
+def test_gate_up_operators_refuse_inputs_that_require_grad(op):
+    # no backward of their own: refused by name, where the dispatcher's fallback would have
+    # given packed weights' up half no gradient
+    buf = torch.randn(10, 4, requires_grad=True)
+    x = torch.randn(3, 4 if op == "_gate_up_linear" else 10)
+    call = getattr(ops, op)
+    with pytest.raises(RuntimeError, match=rf"cutlass_nn\.{op}: an internal operator of gated_mlp, not differentiable"):
+        call(x, buf[:5], buf[5:])
+    with torch.no_grad():  # without a node to record they run
+        assert call(x, buf[:5], buf[5:]).shape[-1] == (10 if op == "_gate_up_linear" else 4)
+    assert call(x, buf.detach()[:5], buf.detach()[5:]).requires_grad is False
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_pack_gate_up_casts_into_one_buffer_and_gives_each_weight_its_gradient(dtype):
+    gate = torch.randn(5, 7, requires_grad=True)
+    up = torch.randn(5, 7, requires_grad=True)
+    packed = ops._pack_gate_up(gate, up, dtype)
+    assert packed.dtype == dtype and packed.shape == (10, 7) and packed.is_contiguous()
+    assert torch.equal(packed, torch.cat((gate, up)).to(dtype))
+    grad = torch.randn(10, 7).to(dtype)
+    packed.backward(grad)
+    assert gate.grad.dtype == up.grad.dtype == torch.float32
+    assert torch.equal(gate.grad, grad[:5].float()) and torch.equal(up.grad, grad[5:].float())
+
+
+def test_pack_gate_up_gradcheck_and_gradgradcheck():
+    gate = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    f = lambda g, u: ops._pack_gate_up(g, u, torch.float64)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (gate, up))
+    assert torch.autograd.gradgradcheck(f, (gate, up))
+
+
+def _aot_recording_backend(graphs):
+    """A torch.compile backend that runs AOTAutograd and keeps its forward and backward graphs
+    in ``graphs`` (they then run as traced, without Inductor)."""
+    from functorch.compile import make_boxed_func
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    graphs = []
-
     def keep(gm, example_inputs):
-        from functorch.compile import make_boxed_func
-
         graphs.append(gm)
         return make_boxed_func(gm.forward)
 
     def backend(gm, example_inputs):
         return aot_module_simplified(gm, example_inputs, fw_compiler=keep, bw_compiler=keep)
 
-    torch._dynamo.reset()
-    y = torch.compile(module, backend=backend, fullgraph=True)(x)
+    return backend
+
+
+def _aot_graphs(module, x):
+    """The forward and backward graphs AOTAutograd traces for module(x) (fullgraph)."""
+    import torch._dynamo as dynamo
+
+    graphs = []
+    dynamo.reset()
+    y = torch.compile(module, backend=_aot_recording_backend(graphs), fullgraph=True)(x)
     y.sum().backward()
     return graphs
 
@@ -556,7 +614,7 @@ def _aot_graphs(module, x):
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 def test_compiled_gated_mlp_copies_no_weight(bias):
     # Traced through gated_mlp's autograd, the gate+up GEMM used to be recorded as a cat of the two
-    # weights (a copy of both per layer in the forward and again in the backward); now the graphs
+    # weights (a copy of both per layer, kept for the backward's input gradient); now the graphs
     # call the gate+up operators, which take the packed weights' storage as it is when they run.
     torch.manual_seed(0)
     module = GatedMLP(16, 24, activation="silu", bias=bias)
@@ -574,6 +632,59 @@ def test_compiled_gated_mlp_copies_no_weight(bias):
     want = _fwd_bwd(ref, ref, x2)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "separate"])
+def test_compiled_autocast_step_copies_no_weight(packed):
+    # float32 weights under autocast: the traced graphs cast gate and up into one buffer
+    # (_pack_gate_up) whose halves the gate+up operators then read as one operand when the graph
+    # runs: no concatenation at run time, forward or backward (separately cast, each operator
+    # concatenated them), and the step is eager autocast's
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    mlp = GatedMLP(16, 24, activation="silu")
+    if not packed:  # the weights in separate storages: the cast packs them all the same
+        mlp.gate_proj.weight.data = mlp.gate_proj.weight.data.clone()
+    x = torch.randn(2, 3, 16)
+
+    def run(fn):
+        xx = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = fn(xx)
+        y.float().sum().backward()
+        grads = [xx.grad] + [p.grad for p in mlp.parameters()]
+        mlp.zero_grad(set_to_none=True)
+        return [y.detach()] + grads
+
+    import torch._dynamo as dynamo
+
+    graphs = []
+    dynamo.reset()
+    compiled = torch.compile(mlp, backend=_aot_recording_backend(graphs), fullgraph=True)
+    run(compiled)
+    targets = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+    assert sum("_pack_gate_up" in t for t in targets) == 1, targets
+    assert not [t for t in targets if "aten.cat" in t], targets
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        got = run(compiled)
+
+    def under_gate_up_operator(event):
+        while event is not None:
+            if event.name.startswith("cutlass_nn::_gate_up_"):
+                return True
+            event = event.cpu_parent
+        return False
+
+    # (the CPU kernel of gated_act_backward assembles its [*, 2n] result with a cat of its own;
+    # what must not happen is a concatenation of the weights by the gate+up operators)
+    cats = [e for e in prof.events() if e.name == "aten::cat"]
+    assert not [e for e in cats if under_gate_up_operator(e)]
+    assert {e.name for e in prof.events()} >= {"cutlass_nn::_gate_up_linear",
+                                               "cutlass_nn::_gate_up_dgrad"}
+    want = run(mlp)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
 
 
 class _GraphRecorder:

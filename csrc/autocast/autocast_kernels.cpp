@@ -68,21 +68,22 @@ at::Tensor mm_autocast(const at::Tensor& a, const at::Tensor& b) {
   return cutlass_nn::mm(scope.cast(a), scope.cast(b));
 }
 
-// The autocast copies of packed gate and up weights (cutlass_nn.GatedMLP keeps them as the two
-// halves of one buffer): cast together into the two halves of one low-precision buffer, so the
-// gated_mlp kernel still reads them as one GEMM operand without a concatenation. The copies are
-// ordinary differentiable in-place copies into views, so gradients reach the float32 weights.
-// Anything else (not adjacent, not a cast autocast would make, traced tensors): cached_cast each.
+// The autocast copies of the gate and up weights: cast together into the two halves of one
+// low-precision buffer (_pack_gate_up, differentiable: gradients reach the float32 weights), so
+// the gated_mlp kernel reads them as one GEMM operand without a concatenation, also inside a
+// compiled graph (where separate casts reached the gate+up operators as two buffers, each then
+// concatenated in the forward and again in the backward). Anything else (not a cast autocast
+// would make, or up not of gate's shape, dtype and device): cached_cast each.
 template <c10::DeviceType Device>
 std::pair<at::Tensor, at::Tensor> cast_gate_up(const AutocastScope<Device>& scope,
                                                const at::Tensor& gate, const at::Tensor& up) {
   const bool castable = gate.is_floating_point() && gate.scalar_type() != at::kDouble &&
-                        gate.scalar_type() != scope.dtype && gate.device().type() == Device;
-  if (!castable || !gate_up_adjacent(gate, up)) return {scope.cast(gate), scope.cast(up)};
+                        gate.scalar_type() != scope.dtype && gate.device().type() == Device &&
+                        gate.dim() == 2 && up.sizes() == gate.sizes() &&
+                        up.scalar_type() == gate.scalar_type() && up.device() == gate.device();
+  if (!castable) return {scope.cast(gate), scope.cast(up)};
   const int64_t n = gate.size(0);
-  at::Tensor packed = at::empty({2 * n, gate.size(1)}, gate.options().dtype(scope.dtype));
-  packed.narrow(0, 0, n).copy_(gate);
-  packed.narrow(0, n, n).copy_(up);
+  const at::Tensor packed = pack_gate_up(gate, up, scope.dtype);
   return {packed.narrow(0, 0, n), packed.narrow(0, n, n)};
 }
 

@@ -896,6 +896,70 @@ at::Tensor gated_mlp_autograd(c10::DispatchKeySet ks, const at::Tensor& input,
                                  down_bias, activation)[0];
 }
 
+// The internal gate+up GEMM operators have no backward of their own (gated_mlp's autograd
+// differentiates its calls of them): a call that would record a node is refused with a named
+// error, where the dispatcher's fallback would differentiate the kernel's inner operations
+// (a view of packed weights recorded on gate_weight alone: up_weight without a gradient).
+using GateUpLinearSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const std::optional<at::Tensor>&,
+                                   const std::optional<at::Tensor>&);
+using GateUpDgradSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&);
+
+void refuse_gradients(bool records, const char* op) {
+  TORCH_CHECK(!records, "cutlass_nn.", op,
+              ": an internal operator of gated_mlp, not differentiable; with grad mode on, its "
+              "arguments must not require grad (cutlass_nn.functional.gated_mlp and "
+              "cutlass_nn.functional.linear are the differentiable forms)");
+}
+
+at::Tensor gate_up_linear_autograd(c10::DispatchKeySet ks, const at::Tensor& input,
+                                   const at::Tensor& gate_weight, const at::Tensor& up_weight,
+                                   const std::optional<at::Tensor>& gate_bias,
+                                   const std::optional<at::Tensor>& up_bias) {
+  refuse_gradients(records_node(input, gate_weight, up_weight, gate_bias, up_bias),
+                   "_gate_up_linear");
+  CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "_gate_up_linear", GateUpLinearSig, input,
+                                       gate_weight, up_weight, gate_bias, up_bias);
+}
+
+at::Tensor gate_up_dgrad_autograd(c10::DispatchKeySet ks, const at::Tensor& grad_gate_up,
+                                  const at::Tensor& gate_weight, const at::Tensor& up_weight) {
+  refuse_gradients(records_node(grad_gate_up, gate_weight, up_weight), "_gate_up_dgrad");
+  CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "_gate_up_dgrad", GateUpDgradSig, grad_gate_up,
+                                       gate_weight, up_weight);
+}
+
+// _pack_gate_up: gate and up cast into the two halves of one buffer; the gradient of each half
+// goes back to its weight in the weight's dtype (differentiable ops: double backward works).
+class PackGateUpFunction : public torch::autograd::Function<PackGateUpFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& gate,
+                               const at::Tensor& up, at::ScalarType dtype) {
+    ctx->saved_data["gate_dtype"] = gate.scalar_type();
+    ctx->saved_data["up_dtype"] = up.scalar_type();
+    at::AutoDispatchBelowADInplaceOrView below;
+    return {pack_gate_up(gate, up, dtype)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
+    const at::Tensor& grad = grads_out[0];
+    const int64_t n = grad.size(0) / 2;
+    return {grad.narrow(0, 0, n).to(ctx->saved_data["gate_dtype"].toScalarType()),
+            grad.narrow(0, n, n).to(ctx->saved_data["up_dtype"].toScalarType()), at::Tensor()};
+  }
+};
+
+using PackGateUpSig = at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType);
+
+at::Tensor pack_gate_up_autograd(c10::DispatchKeySet ks, const at::Tensor& gate,
+                                 const at::Tensor& up, at::ScalarType dtype) {
+  if (!records_node(gate, up)) {
+    CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD(ks, "_pack_gate_up", PackGateUpSig, gate, up, dtype);
+  }
+  check_pack_gate_up_args(gate, up, dtype);
+  return PackGateUpFunction::apply(gate, up, dtype)[0];
+}
+
 #undef CUTLASS_NN_REDISPATCH_BELOW_AUTOGRAD
 
 }  // namespace
@@ -920,6 +984,9 @@ TORCH_LIBRARY_IMPL(cutlass_nn, Autograd, m) {
   m.impl("add_rms_norm", &add_rms_norm_autograd);
   m.impl("gated_act", &gated_act_autograd);
   m.impl("gated_mlp", &gated_mlp_autograd);
+  m.impl("_gate_up_linear", &gate_up_linear_autograd);
+  m.impl("_gate_up_dgrad", &gate_up_dgrad_autograd);
+  m.impl("_pack_gate_up", &pack_gate_up_autograd);
   m.impl("rotary_embedding", &rotary_embedding_autograd);
 }
 

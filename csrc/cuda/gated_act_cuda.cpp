@@ -102,6 +102,7 @@ TORCH_LIBRARY_IMPL(cutlass_nn, CUDA, m) {
   m.impl("gated_mlp", &gated_mlp_composite);
   m.impl("_gate_up_linear", &gate_up_linear_kernel);
   m.impl("_gate_up_dgrad", &gate_up_dgrad_kernel);
+  m.impl("_pack_gate_up", &pack_gate_up_kernel);
 }
 
 }  // namespace cuda
