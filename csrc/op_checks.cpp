@@ -269,6 +269,15 @@ void check_gate_up_weights(const char* op, const char* ref_name, const at::Tenso
   check_same_shape(op, "up_weight", up_weight, "gate_weight", gate_weight);
 }
 
+// A bias of the gated operators: input's dtype and device, [size] (`what` names the size).
+void check_bias_vector(const char* op, const char* name, const at::Tensor& bias,
+                       const at::Tensor& input, int64_t size, const char* what) {
+  check_same_dtype(op, name, bias, "input", input);
+  check_same_device(op, name, bias, "input", input);
+  check_dim(op, name, bias, 1, what);
+  check_size(op, name, bias, 0, size, what);
+}
+
 // gate_bias / up_bias: both or neither, each [n] of input's dtype and device.
 void check_gate_up_biases(const char* op, const at::Tensor& input, int64_t n,
                           const std::optional<at::Tensor>& gate_bias,
@@ -282,11 +291,9 @@ void check_gate_up_biases(const char* op, const at::Tensor& input, int64_t n,
   for (const auto& [name, bias] :
        {std::pair<const char*, const std::optional<at::Tensor>*>{"gate_bias", &gate_bias},
         {"up_bias", &up_bias}}) {
-    if (!bias->has_value() || !(*bias)->defined()) continue;
-    check_same_dtype(op, name, **bias, "input", input);
-    check_same_device(op, name, **bias, "input", input);
-    check_dim(op, name, **bias, 1, "[n]");
-    check_size(op, name, **bias, 0, n, "[n]");
+    if (bias->has_value() && (*bias)->defined()) {
+      check_bias_vector(op, name, **bias, input, n, "[n]");
+    }
   }
 }
 
@@ -300,22 +307,15 @@ void check_gated_mlp_args(const at::Tensor& input, const at::Tensor& gate_weight
   const char* op = "gated_mlp";
   check_float_dtype(op, "input", input);
   check_min_dim(op, "input", input, 1, "[*, in]");
-  check_same_dtype(op, "gate_weight", gate_weight, "input", input);
-  check_same_device(op, "gate_weight", gate_weight, "input", input);
-  check_same_dtype(op, "up_weight", up_weight, "input", input);
-  check_same_device(op, "up_weight", up_weight, "input", input);
-  check_same_dtype(op, "down_weight", down_weight, "input", input);
-  check_same_device(op, "down_weight", down_weight, "input", input);
   check_gate_up_weights(op, "input", input, gate_weight, up_weight, input.size(-1),
                         "in = input.shape[-1]");
+  check_same_dtype(op, "down_weight", down_weight, "input", input);
+  check_same_device(op, "down_weight", down_weight, "input", input);
   check_dim(op, "down_weight", down_weight, 2, "[out, n]");
   check_size(op, "down_weight", down_weight, 1, gate_weight.size(0), "n = gate_weight.shape[0]");
   check_gate_up_biases(op, input, gate_weight.size(0), gate_bias, up_bias);
   if (down_bias.has_value() && down_bias->defined()) {
-    check_same_dtype(op, "down_bias", *down_bias, "input", input);
-    check_same_device(op, "down_bias", *down_bias, "input", input);
-    check_dim(op, "down_bias", *down_bias, 1, "[out]");
-    check_size(op, "down_bias", *down_bias, 0, down_weight.size(0), "[out]");
+    check_bias_vector(op, "down_bias", *down_bias, input, down_weight.size(0), "[out]");
   }
 }
 

@@ -919,10 +919,9 @@ def _gated_mlp_fake(
     op = "gated_mlp"
     _fake_common(op, "input", input, {})
     _fake_min_dim(op, "input", input, 1, "[*, in]")
-    _fake_common(op, "input", input,
-                 {"gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight})
     _fake_gate_up_weights(op, "input", input, gate_weight, up_weight, input.shape[-1],
                           "in = input.shape[-1]")
+    _fake_common(op, "input", input, {"down_weight": down_weight})
     n = gate_weight.shape[0]
     _fake_dim(op, "down_weight", down_weight, 2, "[out, n]")
     _fake_size(op, "down_weight", down_weight, 1, n, "n = gate_weight.shape[0]")

@@ -644,18 +644,16 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
     // create_graph: rebuild everything the gradients depend on with differentiable operators
     // (the saved gate_up has no history), so that second-order gradients are exact.
     const bool create_graph = at::GradMode::is_enabled();
-    // [gate; up] (a view, or a copy where the weights are not adjacent): built only where needed,
-    // so that a copy is not held through the rest of the backward.
-    const auto gate_up_weight_now = [&]() {
-      return create_graph ? at::cat({saved[1], saved[2]}, 0)
-                          : gate_up_weight(saved[1], saved[2]);
-    };
+    // create_graph only: [gate; up] as a differentiable concatenation, built where needed so
+    // that the copy is not held through the rest of the backward (without create_graph the
+    // gate+up operators read the weights themselves).
+    const auto joined_gate_up_weight = [&]() { return at::cat({saved[1], saved[2]}, 0); };
     at::Tensor gate_up = saved[7];
     if (create_graph) {
       const std::optional<at::Tensor> bias =
           has_gate_up_bias ? std::optional<at::Tensor>(at::cat({saved[4], saved[5]}, 0))
                            : std::nullopt;
-      gate_up = cutlass_nn::linear(input, gate_up_weight_now(), bias);
+      gate_up = cutlass_nn::linear(input, joined_gate_up_weight(), bias);
     }
 
     at::Tensor grad_gate_up, hidden;
@@ -691,7 +689,7 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
     const int64_t n = saved[1].size(0);
     if (need(0)) {
       grads[0] = create_graph
-                     ? cutlass_nn::linear_dgrad(grad_gate_up, gate_up_weight_now())
+                     ? cutlass_nn::linear_dgrad(grad_gate_up, joined_gate_up_weight())
                      : gate_up_dgrad(grad_gate_up, saved[1], saved[2]);
     }
     const bool accumulated = need(1) && need(2) &&
