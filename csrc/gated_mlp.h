@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <tuple>
+#include <utility>
 
 namespace cutlass_nn {
 
@@ -53,6 +54,14 @@ at::Tensor gate_up_linear(const at::Tensor& input, const at::Tensor& gate_weight
 at::Tensor gate_up_dgrad(const at::Tensor& grad_gate_up, const at::Tensor& gate_weight,
                          const at::Tensor& up_weight);
 at::Tensor pack_gate_up(const at::Tensor& gate, const at::Tensor& up, at::ScalarType dtype);
+
+// The autocast kernel's packing (csrc/autograd/autograd_kernels.cpp): gate and up cast into the
+// two halves of one new [2n, in] buffer, returned as two [n, in] tensors; when gradients are
+// recorded, one autograd node takes each half's gradient back to its weight without forming a
+// [2n, in] gradient. Arguments as for _pack_gate_up.
+std::pair<at::Tensor, at::Tensor> pack_gate_up_halves(const at::Tensor& gate,
+                                                      const at::Tensor& up,
+                                                      at::ScalarType dtype);
 
 // (out, gate_up) with gate_up = linear(input, [gate; up], [gate_bias; up_bias]) the gate+up GEMM
 // output [*, 2n] the backward needs. The arguments must have passed check_gated_mlp_args.

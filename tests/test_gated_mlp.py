@@ -1443,6 +1443,61 @@ def test_autocast_casts_packed_weights_into_one_buffer_without_a_concatenation()
         assert p.grad.dtype == torch.float32 and torch.equal(p.grad, s.grad)
 
 
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "separate"])
+def test_eager_autocast_backward_forms_no_packed_weight_gradient(packed):
+    # under autocast the float32 gate and up weights are cast into the halves of one buffer;
+    # each half's gradient goes straight back to its weight (one node for both halves), not
+    # through [2n, in] zero-filled gradients of the packed buffer that are summed and split again
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    n, k = 48, 32
+    mlp = cutlass_nn.GatedMLP(k, n)
+    if not packed:
+        mlp.gate_proj.weight.data = mlp.gate_proj.weight.data.clone()
+    x = torch.randn(5, k)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = mlp(x)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        y.float().pow(2).sum().backward()
+    packed_sized = [e.name for e in prof.events()
+                    if e.name in ("aten::zeros", "aten::add", "aten::add_", "aten::zero_",
+                                  "aten::fill_", "aten::new_zeros")
+                    and any(list(s) == [2 * n, k] for s in e.input_shapes if s)]
+    assert not packed_sized, packed_sized
+    # the same computation with the casts written out in torch ops
+    w = [p.detach().clone().requires_grad_() for p in
+         (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)]
+    wb = [t.to(torch.bfloat16) for t in w]
+    y_ref = ops.gated_mlp(x.to(torch.bfloat16), *wb)
+    y_ref.float().pow(2).sum().backward()
+    assert torch.equal(y, y_ref)
+    for p, r in zip((mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight), w):
+        assert p.grad.dtype == torch.float32 and torch.equal(p.grad, r.grad)
+
+
+def test_eager_autocast_gated_mlp_double_backward_matches_written_out_casts():
+    # the packing node's backward is differentiable: second derivatives through it equal those
+    # through the casts written out in torch ops (autocast leaves float64 alone, so gradgradcheck
+    # cannot run through it)
+    torch.manual_seed(0)
+    w = [torch.randn(s, requires_grad=True) for s in ((6, 4), (6, 4), (4, 6))]
+    x = torch.randn(3, 4, requires_grad=True)
+
+    def grads(use_autocast):
+        if use_autocast:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = ops.gated_mlp(x, *w)
+        else:
+            y = ops.gated_mlp(x.to(torch.bfloat16), *[t.to(torch.bfloat16) for t in w])
+        g = torch.autograd.grad(y.float().pow(2).sum(), [x, *w], create_graph=True)
+        gg = torch.autograd.grad(sum(t.float().pow(2).sum() for t in g), [x, *w])
+        return list(g) + list(gg)
+
+    for a, b in zip(grads(True), grads(False)):
+        torch.testing.assert_close(a, b)
+
+
 def test_saved_tensor_hooks_keep_the_out_of_place_backward():
     """A pack hook may keep its own reference to the saved gate+up output: the backward must
     not write over it."""

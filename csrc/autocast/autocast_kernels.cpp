@@ -69,9 +69,9 @@ at::Tensor mm_autocast(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // The autocast copies of the gate and up weights: cast together into the two halves of one
-// low-precision buffer (_pack_gate_up, differentiable: gradients reach the float32 weights), so
-// the gated_mlp kernel reads them as one GEMM operand without a concatenation, also inside a
-// compiled graph (where separate casts reached the gate+up operators as two buffers, each then
+// low-precision buffer (pack_gate_up_halves: one autograd node hands each half's gradient back to
+// its float32 weight), so the gated_mlp kernel reads them as one GEMM operand without a
+// concatenation, also inside a compiled graph (where separate casts reached the gate+up operators as two buffers, each then
 // concatenated in the forward and again in the backward). Anything else (not a cast autocast
 // would make, or up not of gate's shape, dtype and device): cached_cast each.
 template <c10::DeviceType Device>
@@ -82,9 +82,7 @@ std::pair<at::Tensor, at::Tensor> cast_gate_up(const AutocastScope<Device>& scop
                         gate.dim() == 2 && up.sizes() == gate.sizes() &&
                         up.scalar_type() == gate.scalar_type() && up.device() == gate.device();
   if (!castable) return {scope.cast(gate), scope.cast(up)};
-  const int64_t n = gate.size(0);
-  const at::Tensor packed = pack_gate_up(gate, up, scope.dtype);
-  return {packed.narrow(0, 0, n), packed.narrow(0, n, n)};
+  return pack_gate_up_halves(gate, up, scope.dtype);
 }
 
 template <c10::DeviceType Device>
