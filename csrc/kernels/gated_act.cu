@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "dtype_pack.cuh"    // AccType, to_acc / from_acc, Pack16
@@ -18,7 +19,6 @@ namespace kernels {
 namespace {
 
 constexpr int kMaxThreads = 256;
-constexpr int kBlocksPerSm = 8;  // 2048 resident threads per SM at 256 threads per block
 constexpr int kMaxGridY = 65535;
 
 // kN consecutive elements of T: one 16-byte pack (kVec) or a single element.
@@ -55,25 +55,42 @@ __device__ __forceinline__ void store_chunk(T* p, const Chunk<T, kVec>& c) {
 }
 
 // chunks = n / kN chunks per row; rows advance by gridDim.y, chunks by gridDim.x * blockDim.x.
+// The forward takes kRows rows per step, their loads issued before any math or store: twice the
+// bytes in flight per thread (forward 98.7 -> 78.5 us at 4096 x 11008 bfloat16 on an H200, 0.85
+// of a device copy's bandwidth; the backward, with three loads per row already, measured slower
+// so: 109 registers per thread, 2 blocks per SM).
 template <typename T, Activation A, bool kVec>
 __global__ void __launch_bounds__(kMaxThreads)
     gated_forward_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
                          int64_t n, int64_t chunks) {
   constexpr int kN = Chunk<T, kVec>::kN;
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    const T* gate_row = gate_up + r * 2 * n;
-    T* out_row = out + r * n;
+  constexpr int kRows = 2;
+  const int64_t step = gridDim.y;
+  for (int64_t r0 = blockIdx.y; r0 < rows; r0 += kRows * step) {
     for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks;
          c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       const int64_t j = c * kN;
-      const Chunk<T, kVec> g = load_chunk<T, kVec>(gate_row + j);
-      const Chunk<T, kVec> u = load_chunk<T, kVec>(gate_row + n + j);
-      Chunk<T, kVec> o;
+      Chunk<T, kVec> g[kRows], u[kRows];
 #pragma unroll
-      for (int k = 0; k < kN; ++k) {
-        o.v[k] = from_acc<T>(activation_forward(A, to_acc(g.v[k])) * to_acc(u.v[k]));
+      for (int i = 0; i < kRows; ++i) {
+        const int64_t r = r0 + i * step;
+        if (r < rows) {
+          g[i] = load_chunk<T, kVec>(gate_up + r * 2 * n + j);
+          u[i] = load_chunk<T, kVec>(gate_up + r * 2 * n + n + j);
+        }
       }
-      store_chunk<T, kVec>(out_row + j, o);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const int64_t r = r0 + i * step;
+        if (r < rows) {
+          Chunk<T, kVec> o;
+#pragma unroll
+          for (int k = 0; k < kN; ++k) {
+            o.v[k] = from_acc<T>(activation_forward(A, to_acc(g[i].v[k])) * to_acc(u[i].v[k]));
+          }
+          store_chunk<T, kVec>(out + r * n + j, o);
+        }
+      }
     }
   }
 }
@@ -114,20 +131,54 @@ __global__ void __launch_bounds__(kMaxThreads)
 }
 
 // The grid of a [rows, chunks] problem: enough threads in x for one row's chunks (capped at one
-// block of kMaxThreads per step), and row groups in y to fill the device.
+// block of kMaxThreads per step), and row groups in y for `blocks_per_sm` blocks of that size
+// per SM. The forward asks for the blocks its registers let reside at once (one wave, its row
+// loop balancing the work; 4 blocks of 256 at 64 registers per thread); the backward for
+// kBackwardThreadsPerSm threads per SM, more than reside (4 blocks of 256 at 60 registers): with
+// the occupancy-sized grid it measured no faster at 4096 x 11008 and slower at 4096 x 2816
+// (bfloat16, H200; benchmarks/NOTES.md v0.34).
+constexpr int64_t kBackwardThreadsPerSm = 2048;
+
 struct Grid {
   dim3 grid, block;
 };
 
-Grid make_grid(int64_t rows, int64_t chunks, int multiprocessors) {
-  const int64_t threads = std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, (chunks + 31) / 32 * 32));
+int64_t block_threads(int64_t chunks) {
+  return std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, (chunks + 31) / 32 * 32));
+}
+
+Grid make_grid(int64_t rows, int64_t chunks, int64_t threads, int64_t blocks_per_sm,
+               int multiprocessors) {
   const int64_t blocks_x = std::max<int64_t>(1, (chunks + threads - 1) / threads);
   const int64_t target = static_cast<int64_t>(resolve_multiprocessors(multiprocessors)) *
-                         kBlocksPerSm * (kMaxThreads / threads);
+                         std::max<int64_t>(blocks_per_sm, 1);
   const int64_t bx = std::min<int64_t>(blocks_x, target);
   const int64_t by = std::clamp<int64_t>(target / bx, 1, std::min<int64_t>(rows, kMaxGridY));
   return {dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by)),
           dim3(static_cast<unsigned>(threads))};
+}
+
+// Blocks of `threads` threads of `kernel` resident on one SM at once (at least 1). The
+// occupancy query is a host-side computation on the kernel's attributes; it is asked once per
+// kernel and block size: a cache of kMaxThreads / 32 entries per kernel (the kernel is a template
+// argument, not a function argument, so that kernels of one signature but different activations
+// or vector widths, whose register counts differ, get caches of their own; the first device's
+// answer; with GPUs of different architectures in one process the others' grids are sized by it,
+// which changes their speed, not their results).
+template <auto kernel>
+int resident_blocks(int64_t threads) {
+  static std::atomic<int> cache[kMaxThreads / 32 + 1] = {};
+  const int slot = static_cast<int>(threads / 32);
+  int n = cache[slot].load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, static_cast<int>(threads), 0) !=
+          cudaSuccess ||
+      n < 1) {
+    (void)cudaGetLastError();  // the launch reports real problems; fall back to one block
+    n = 1;
+  }
+  cache[slot].store(n, std::memory_order_relaxed);
+  return n;
 }
 
 template <typename T> constexpr bool vec_ok(int64_t n) { return n % Pack16<T>::kN == 0; }
@@ -139,11 +190,16 @@ cudaError_t forward_typed(const void* gate_up, void* out, int64_t rows, int64_t 
   T* o = static_cast<T*>(out);
   if (vec_ok<T>(n) && aligned16(gu) && aligned16(o)) {
     const int64_t chunks = n / Pack16<T>::kN;
-    const Grid g = make_grid(rows, chunks, multiprocessors);
-    gated_forward_kernel<T, A, true><<<g.grid, g.block, 0, stream>>>(gu, o, rows, n, chunks);
+    const int64_t threads = block_threads(chunks);
+    constexpr auto kernel = gated_forward_kernel<T, A, true>;
+    const Grid g = make_grid(rows, chunks, threads, resident_blocks<kernel>(threads),
+                             multiprocessors);
+    kernel<<<g.grid, g.block, 0, stream>>>(gu, o, rows, n, chunks);
   } else {
-    const Grid g = make_grid(rows, n, multiprocessors);
-    gated_forward_kernel<T, A, false><<<g.grid, g.block, 0, stream>>>(gu, o, rows, n, n);
+    const int64_t threads = block_threads(n);
+    constexpr auto kernel = gated_forward_kernel<T, A, false>;
+    const Grid g = make_grid(rows, n, threads, resident_blocks<kernel>(threads), multiprocessors);
+    kernel<<<g.grid, g.block, 0, stream>>>(gu, o, rows, n, n);
   }
   return cudaGetLastError();
 }
@@ -160,11 +216,14 @@ cudaError_t backward_typed(const void* grad_out, const void* gate_up, void* grad
                    (o == nullptr || aligned16(o));
   if (vec) {
     const int64_t chunks = n / Pack16<T>::kN;
-    const Grid g = make_grid(rows, chunks, multiprocessors);
+    const int64_t threads = block_threads(chunks);
+    const Grid g =
+        make_grid(rows, chunks, threads, kBackwardThreadsPerSm / threads, multiprocessors);
     gated_backward_kernel<T, A, true>
         <<<g.grid, g.block, 0, stream>>>(go, gu, dgu, o, rows, n, chunks);
   } else {
-    const Grid g = make_grid(rows, n, multiprocessors);
+    const int64_t threads = block_threads(n);
+    const Grid g = make_grid(rows, n, threads, kBackwardThreadsPerSm / threads, multiprocessors);
     gated_backward_kernel<T, A, false><<<g.grid, g.block, 0, stream>>>(go, gu, dgu, o, rows, n, n);
   }
   return cudaGetLastError();
