@@ -71,9 +71,10 @@ at::Tensor mm_autocast(const at::Tensor& a, const at::Tensor& b) {
 // The autocast copies of the gate and up weights: cast together into the two halves of one
 // low-precision buffer (pack_gate_up_halves: one autograd node hands each half's gradient back to
 // its float32 weight), so the gated_mlp kernel reads them as one GEMM operand without a
-// concatenation, also inside a compiled graph (where separate casts reached the gate+up operators as two buffers, each then
-// concatenated in the forward and again in the backward). Anything else (not a cast autocast
-// would make, or up not of gate's shape, dtype and device): cached_cast each.
+// concatenation, also inside a compiled graph (where separate casts reached the gate+up
+// operators as two buffers, each then concatenated in the forward and again in the backward).
+// Anything else (not a cast autocast would make, or up not of gate's shape, dtype and device):
+// cached_cast each.
 template <c10::DeviceType Device>
 std::pair<at::Tensor, at::Tensor> cast_gate_up(const AutocastScope<Device>& scope,
                                                const at::Tensor& gate, const at::Tensor& up) {

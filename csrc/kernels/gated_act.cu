@@ -56,9 +56,10 @@ __device__ __forceinline__ void store_chunk(T* p, const Chunk<T, kVec>& c) {
 
 // chunks = n / kN chunks per row; rows advance by gridDim.y, chunks by gridDim.x * blockDim.x.
 // The forward takes kRows rows per step, their loads issued before any math or store: twice the
-// bytes in flight per thread (forward 98.7 -> 78.5 us at 4096 x 11008 bfloat16 on an H200, 0.85
-// of a device copy's bandwidth; the backward, with three loads per row already, measured slower
-// so: 109 registers per thread, 2 blocks per SM).
+// bytes in flight per thread (with the occupancy-sized grid, forward 98.8 -> 78.5 us at 4096 x
+// 11008 in bfloat16 with SiLU on an H200, 0.84 of a same-size device copy's bandwidth; other
+// dtypes and activations not timed; the backward, with three loads per row already, measured
+// slower so: 109 registers per thread, 2 blocks per SM).
 template <typename T, Activation A, bool kVec>
 __global__ void __launch_bounds__(kMaxThreads)
     gated_forward_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
@@ -133,11 +134,12 @@ __global__ void __launch_bounds__(kMaxThreads)
 // The grid of a [rows, chunks] problem: enough threads in x for one row's chunks (capped at one
 // block of kMaxThreads per step), and row groups in y for `blocks_per_sm` blocks of that size
 // per SM. The forward asks for the blocks its registers let reside at once (one wave, its row
-// loop balancing the work; 4 blocks of 256 at 64 registers per thread); the backward for
-// kBackwardThreadsPerSm threads per SM, more than reside (4 blocks of 256 at 60 registers): with
-// the occupancy-sized grid it measured no faster at 4096 x 11008 and slower at 4096 x 2816
-// (bfloat16, H200; benchmarks/NOTES.md v0.34).
-constexpr int64_t kBackwardThreadsPerSm = 2048;
+// loop balancing the work; 4 blocks of 256 at 64 registers per thread in bfloat16 with SiLU);
+// the backward, as before v0.34, for kBackwardBlocksPerSm blocks of 256 threads per SM (more for
+// smaller blocks), more than reside (4 of 256 at 60 registers): with the occupancy-sized grid it
+// measured no faster at 4096 x 11008 and 16384 x 14336 and slower at 4096 x 2816 (bfloat16,
+// SiLU, H200; benchmarks/NOTES.md v0.34).
+constexpr int64_t kBackwardBlocksPerSm = 8;
 
 struct Grid {
   dim3 grid, block;
@@ -160,7 +162,8 @@ Grid make_grid(int64_t rows, int64_t chunks, int64_t threads, int64_t blocks_per
 
 // Blocks of `threads` threads of `kernel` resident on one SM at once (at least 1). The
 // occupancy query is a host-side computation on the kernel's attributes; it is asked once per
-// kernel and block size: a cache of kMaxThreads / 32 entries per kernel (the kernel is a template
+// kernel and block size: a cache with one slot per block size in warps (1..kMaxThreads / 32) per
+// kernel (the kernel is a template
 // argument, not a function argument, so that kernels of one signature but different activations
 // or vector widths, whose register counts differ, get caches of their own; the first device's
 // answer; with GPUs of different architectures in one process the others' grids are sized by it,
@@ -174,8 +177,10 @@ int resident_blocks(int64_t threads) {
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, static_cast<int>(threads), 0) !=
           cudaSuccess ||
       n < 1) {
-    (void)cudaGetLastError();  // the launch reports real problems; fall back to one block
-    n = 1;
+    // one block per SM this time, not cached (the next launch asks again); the launch itself
+    // reports real problems
+    (void)cudaGetLastError();
+    return 1;
   }
   cache[slot].store(n, std::memory_order_relaxed);
   return n;
@@ -217,13 +222,14 @@ cudaError_t backward_typed(const void* grad_out, const void* gate_up, void* grad
   if (vec) {
     const int64_t chunks = n / Pack16<T>::kN;
     const int64_t threads = block_threads(chunks);
-    const Grid g =
-        make_grid(rows, chunks, threads, kBackwardThreadsPerSm / threads, multiprocessors);
+    const Grid g = make_grid(rows, chunks, threads, kBackwardBlocksPerSm * (kMaxThreads / threads),
+                             multiprocessors);
     gated_backward_kernel<T, A, true>
         <<<g.grid, g.block, 0, stream>>>(go, gu, dgu, o, rows, n, chunks);
   } else {
     const int64_t threads = block_threads(n);
-    const Grid g = make_grid(rows, n, threads, kBackwardThreadsPerSm / threads, multiprocessors);
+    const Grid g = make_grid(rows, n, threads, kBackwardBlocksPerSm * (kMaxThreads / threads),
+                             multiprocessors);
     gated_backward_kernel<T, A, false><<<g.grid, g.block, 0, stream>>>(go, gu, dgu, o, rows, n, n);
   }
   return cudaGetLastError();

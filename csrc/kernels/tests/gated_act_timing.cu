@@ -6,8 +6,9 @@
 //
 // bfloat16, SiLU. Prints one line: the median CUDA-event microseconds of `reps` launches of the
 // forward and of the backward (with the recomputed forward output, as the gated MLP calls it),
-// each after 10 warm-up launches, and the achieved bandwidth of each as a fraction of a
-// device-to-device copy of the same number of bytes (timed the same way).
+// each after 10 warm-up launches (one launch per pair of events: launch gaps included; the
+// backward out of place), and the achieved bandwidth of each as a fraction of that of a
+// device-to-device copy moving the backward's bytes (timed the same way).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -72,6 +73,10 @@ int main(int argc, char** argv) {
   const int64_t rows = std::atoll(argv[1]);
   const int64_t n = std::atoll(argv[2]);
   const int reps = argc > 3 ? std::atoi(argv[3]) : 200;
+  if (rows < 1 || n < 1 || reps < 1) {
+    std::fprintf(stderr, "rows, n and reps must be positive\n");
+    return 2;
+  }
   using cutlass_nn::kernels::Activation;
   using cutlass_nn::kernels::DType;
   const size_t elem = sizeof(__nv_bfloat16);
