@@ -1476,6 +1476,34 @@ def test_eager_autocast_backward_forms_no_packed_weight_gradient(packed):
         assert p.grad.dtype == torch.float32 and torch.equal(p.grad, r.grad)
 
 
+def test_eager_autocast_frozen_half_gets_no_gradient_cast():
+    # a frozen gate weight under autocast: its half of the packed gradient is not cast back to
+    # float32 (one [n, in] cast fewer than with both weights trainable), the other weight's
+    # gradient is unchanged
+    from torch.profiler import ProfilerActivity, profile
+
+    def backward_casts_and_grads(freeze_gate):
+        torch.manual_seed(0)
+        n, k = 48, 32
+        mlp = cutlass_nn.GatedMLP(k, n)
+        mlp.gate_proj.weight.data = mlp.gate_proj.weight.data.clone()  # separate weights
+        mlp.gate_proj.weight.requires_grad_(not freeze_gate)
+        x = torch.randn(5, k)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = mlp(x)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            y.float().pow(2).sum().backward()
+        casts = sum(1 for e in prof.events() if e.name == "aten::_to_copy"
+                    and e.input_shapes and list(e.input_shapes[0]) == [n, k])
+        return casts, mlp.gate_proj.weight.grad, mlp.up_proj.weight.grad
+
+    casts_both, _, up_grad_both = backward_casts_and_grads(False)
+    casts_frozen, gate_grad, up_grad = backward_casts_and_grads(True)
+    assert gate_grad is None
+    assert casts_frozen == casts_both - 1, (casts_both, casts_frozen)
+    assert up_grad.dtype == torch.float32 and torch.equal(up_grad, up_grad_both)
+
+
 def test_eager_autocast_gated_mlp_double_backward_matches_written_out_casts():
     # the packing node's backward is differentiable: second derivatives through it equal those
     # through the casts written out in torch ops (autocast leaves float64 alone, so gradgradcheck

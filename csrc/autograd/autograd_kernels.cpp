@@ -940,8 +940,12 @@ at::Tensor pack_and_save_dtypes(AutogradContext* ctx, const at::Tensor& gate, co
 
 variable_list half_grads_to_weights(AutogradContext* ctx, const at::Tensor& grad_gate,
                                     const at::Tensor& grad_up) {
-  return {grad_gate.to(ctx->saved_data["gate_dtype"].toScalarType()),
-          grad_up.to(ctx->saved_data["up_dtype"].toScalarType()), at::Tensor()};
+  // a frozen weight gets no gradient: no cast of its half (a full [n, in] pass) is made for it
+  const auto to_weight = [ctx](size_t input, const at::Tensor& grad, const char* dtype_key) {
+    return ctx->needs_input_grad(input) ? grad.to(ctx->saved_data[dtype_key].toScalarType())
+                                        : at::Tensor();
+  };
+  return {to_weight(0, grad_gate, "gate_dtype"), to_weight(1, grad_up, "up_dtype"), at::Tensor()};
 }
 
 // _pack_gate_up: the packed [2n, in] buffer as one output.
