@@ -47,7 +47,8 @@ configuration override for --sweep), 130 interrupted.
 The package: ``spec``, ``stats``, ``plan``, ``correctness``, ``cases``, ``timing``, ``rows``, ``sweep``, ``report``, ``cli`` (one job each, see each
 module's docstring), ``models`` (whole-model steps, ``--what models``; its summary, table and
 plot in ``models_report``, what else ran in a timed block in ``block_probe``, where a side's
-kept memory was allocated in ``memory_trace``), ``host`` (host time
+kept memory was allocated in ``memory_trace``, whether the models' attention gets a mask eager
+and compiled in ``attention_probe``), ``host`` (host time
 per call, ``--what host``), ``step_profile`` (where a step's GPU time goes) and ``step_sweep``
 (each GEMM configuration timed inside a compiled step, ``--what step-sweep``). Every name of the first ten is re-exported here, so
 ``from cutlass_nn import bench; bench.main()`` and the tests' ``bench.X`` keep working.

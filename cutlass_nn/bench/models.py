@@ -73,6 +73,7 @@ from torch import nn
 
 import cutlass_nn
 from cutlass_nn.bench import fp8 as bench_fp8, peers
+from cutlass_nn.bench.attention_probe import format_attention_masks, probe_attention_masks
 from cutlass_nn.bench.block_probe import BlockProbe
 from cutlass_nn.bench.memory_trace import SideMemoryTrace, format_difference, recording
 from cutlass_nn.bench.models_report import (  # noqa: F401 (targets: part of this module's API)
@@ -639,6 +640,10 @@ def main(argv: Sequence[str]) -> int:
     t0 = time.monotonic()
     print(f"cutlass_nn.bench models: {meta['device']}, torch {meta['torch']}, "
           f"transformers {meta['transformers']}; {len(specs)} rows", flush=True)
+    if any(spec.mode != "eager" for spec in specs):
+        meta["attention_masks"] = probe_attention_masks(sorted({spec.family for spec in specs}))
+        for line in format_attention_masks(meta["attention_masks"]):
+            print(line, flush=True)
     for i, spec in enumerate(specs):
         if time.monotonic() - t0 > args.time_limit:
             row = {"family": spec.family, "size": spec.size, "mode": spec.mode,
@@ -681,7 +686,8 @@ def main(argv: Sequence[str]) -> int:
     except Exception as exc:
         print(f"(no plot: {exc})")
     print()
-    for line in format_table(rows) + format_targets(results["targets"]) + peers.format_peers(rows):
+    for line in (format_table(rows) + format_targets(results["targets"]) + peers.format_peers(rows)
+                 + format_attention_masks(meta.get("attention_masks", {}))):
         print(line)
     print(f"json {json_path}", flush=True)
     return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 3

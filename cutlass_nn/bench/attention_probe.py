@@ -1,0 +1,111 @@
+"""What attention a compiled ``transformers`` model runs: a mask or ``is_causal``.
+
+Some ``transformers`` versions (5.17 among them) build a materialized causal mask whenever Dynamo
+traces the model, and call ``scaled_dot_product_attention(..., attn_mask=mask, is_causal=False)``
+where eager mode calls it with ``attn_mask=None, is_causal=True``. The fused attention kernels
+then skip no masked blocks and read the mask: on an H200 the same cuDNN kernels took 2.6x as
+long, 1.04 ms more per step of the Llama model at hidden 4096, on the stock and the converted
+side alike (``benchmarks/NOTES.md`` v0.35). The model benchmark records what this probe finds, so
+that a compiled row's attention time can be read for what it is.
+
+The probe runs a tiny model of the family on the CPU, eager under a ``TorchFunctionMode`` that
+records the attention calls, and compiled with a Dynamo backend that only inspects the traced
+graph (no Inductor, no kernels): a few seconds per family.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+#: the attention operators a traced graph may call
+_SDPA_TARGETS = (torch.nn.functional.scaled_dot_product_attention,
+                 torch.ops.aten.scaled_dot_product_attention.default)
+
+
+def _masks_in_graph(gm: torch.fx.GraphModule) -> list[bool]:
+    """For each attention call in ``gm``: whether it is given a mask tensor."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in _SDPA_TARGETS:
+            continue
+        mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+        found.append(isinstance(mask, torch.fx.Node))
+    return found
+
+
+class _EagerAttentionCalls(torch.overrides.TorchFunctionMode):
+    """Records, for each eager ``scaled_dot_product_attention`` call, whether it gets a mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.masks: list[bool] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+            self.masks.append(isinstance(mask, torch.Tensor))
+        return func(*args, **kwargs)
+
+
+def attention_masks(family: str) -> dict[str, Optional[bool]]:
+    """Whether a model of ``family`` (one of :data:`cutlass_nn.bench.models.FAMILIES`) hands its
+    attention a mask tensor, eager and compiled: ``{"eager": ..., "compile": ...}``, each ``True``
+    if any attention call has one, ``False`` if none has, ``None`` if the model calls no
+    ``scaled_dot_product_attention`` (e.g. an attention written out in matrix products)."""
+    with torch.random.fork_rng(devices=[]):  # build_model seeds: leave the caller's generator as it was
+        return _probe(family)
+
+
+def _probe(family: str) -> dict[str, Optional[bool]]:
+    from cutlass_nn.bench import models
+
+    tiny = models.ModelSize(hidden=64, layers=1, heads=4, batch=2, seq=16, vocab=128)
+    model = models.build_model(family, tiny)
+    model.config._attn_implementation = "sdpa"
+    ids = torch.randint(0, tiny.vocab, (tiny.batch, tiny.seq))
+    compiled: list[bool] = []
+
+    def inspect(gm: torch.fx.GraphModule, example_inputs):
+        compiled.extend(_masks_in_graph(gm))
+        return gm.forward
+
+    with torch.no_grad():
+        with _EagerAttentionCalls() as eager:
+            model(input_ids=ids)
+        torch._dynamo.reset()
+        try:
+            torch.compile(model, backend=inspect)(input_ids=ids)
+        finally:
+            torch._dynamo.reset()  # leave no compiled code of the probe behind
+    return {"eager": any(eager.masks) if eager.masks else None,
+            "compile": any(compiled) if compiled else None}
+
+
+def probe_attention_masks(families: Sequence[str]) -> dict[str, Any]:
+    """:func:`cutlass_nn.bench.attention_probe.attention_masks` of each family, for the run's
+    metadata; a probe that fails is recorded as its error, not raised (it explains rows, it is
+    not one)."""
+    found: dict[str, Any] = {}
+    for family in families:
+        try:
+            found[family] = attention_masks(family)
+        except Exception as exc:  # noqa: BLE001 - recorded in the JSON instead
+            found[family] = {"error": f"{type(exc).__name__}: {exc}"}
+    return found
+
+
+def format_attention_masks(found: dict[str, Any]) -> list[str]:
+    """One line per family whose compiled attention gets a mask that its eager attention does
+    not get (both sides' compiled rows then carry masked attention), or whose probe failed."""
+    lines = []
+    for family, masks in found.items():
+        if "error" in masks:
+            lines.append(f"attention probe, {family}: failed ({masks['error']})")
+        elif masks.get("compile") and not masks.get("eager"):
+            lines.append(f"attention, {family}: compiled with a materialized mask, eager without "
+                         "one: the compiled rows' attention (both sides) is slower than "
+                         "eager's (benchmarks/NOTES.md v0.35)")
+    return lines
