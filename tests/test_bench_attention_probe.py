@@ -64,6 +64,12 @@ def test_probe_of_each_family_sees_its_attention_and_leaves_the_generator_alone(
     assert isinstance(found["compile"], bool)
 
 
+@pytest.mark.parametrize("family", bench_models.FAMILIES)
+def test_probe_finds_the_mask_of_a_padded_batch_eager_and_compiled(family):
+    # a real model's attention given a padding mask: every version passes it on, in both modes
+    assert attention_probe.attention_masks(family, padded=True) == {"eager": True, "compile": True}
+
+
 def test_probe_agrees_with_the_compiled_graphs_own_attention_calls():
     # an independent reading of the same fact: compile the tiny llama with a backend that keeps
     # the graphs, and look at the attention nodes' arguments directly

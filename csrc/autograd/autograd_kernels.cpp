@@ -981,7 +981,8 @@ class PackGateUpHalvesFunction : public torch::autograd::Function<PackGateUpHalv
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
-    // an undefined gradient arrives as zeros (materialized): both weights get a gradient
+    // an undefined gradient arrives as zeros (materialized): each weight that needs a gradient
+    // gets one
     return half_grads_to_weights(ctx, grads_out[0], grads_out[1]);
   }
 };

@@ -3,9 +3,9 @@
 Some ``transformers`` versions (5.17 among them) build a materialized causal mask whenever Dynamo
 traces the model, and call ``scaled_dot_product_attention(..., attn_mask=mask, is_causal=False)``
 where eager mode calls it with ``attn_mask=None, is_causal=True``. The fused attention kernels
-then skip no masked blocks and read the mask: on an H200 the same cuDNN kernels took 2.6x as
-long, 1.04 ms more per step of the Llama model at hidden 4096, on the stock and the converted
-side alike (``benchmarks/NOTES.md`` v0.35). The model benchmark records what this probe finds, so
+then skip no masked blocks and read the mask: on an H200 the same cuDNN kernels took 2.6-2.8x
+as long, 1.04-1.07 ms more per step of the Llama model at hidden 4096, on the stock and the
+converted side alike (``benchmarks/NOTES.md`` v0.35). The model benchmark records what this probe finds, so
 that a compiled row's attention time can be read for what it is.
 
 The probe runs a tiny model of the family on the CPU, eager under a ``TorchFunctionMode`` that
@@ -19,9 +19,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-#: the attention operators a traced graph may call
-_SDPA_TARGETS = (torch.nn.functional.scaled_dot_product_attention,
-                 torch.ops.aten.scaled_dot_product_attention.default)
+#: the attention operator as a Dynamo graph records it (Dynamo keeps torch-level calls; aten's
+#: variants appear only after AOTAutograd, which this probe's backend never runs)
+_SDPA_TARGETS = (torch.nn.functional.scaled_dot_product_attention,)
 
 
 def _masks_in_graph(gm: torch.fx.GraphModule) -> list[bool]:
@@ -50,22 +50,32 @@ class _EagerAttentionCalls(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def attention_masks(family: str) -> dict[str, Optional[bool]]:
+def attention_masks(family: str, *, padded: bool = False) -> dict[str, Optional[bool]]:
     """Whether a model of ``family`` (one of :data:`cutlass_nn.bench.models.FAMILIES`) hands its
     attention a mask tensor, eager and compiled: ``{"eager": ..., "compile": ...}``, each ``True``
     if any attention call has one, ``False`` if none has, ``None`` if the model calls no
-    ``scaled_dot_product_attention`` (e.g. an attention written out in matrix products)."""
-    with torch.random.fork_rng(devices=[]):  # build_model seeds: leave the caller's generator as it was
-        return _probe(family)
+    ``scaled_dot_product_attention`` (e.g. an attention written out in matrix products). The
+    batch is unpadded, as the model benchmark's are; ``padded=True`` gives it an attention mask
+    with padding (which every version has to pass on as a mask). The random generators are left
+    as they were (the model is built seeded); ``torch._dynamo.reset()`` runs before and after the
+    compiled call, so code the caller compiled before is compiled again at its next call."""
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
+        return _probe(family, padded)
 
 
-def _probe(family: str) -> dict[str, Optional[bool]]:
+def _probe(family: str, padded: bool) -> dict[str, Optional[bool]]:
     from cutlass_nn.bench import models
 
     tiny = models.ModelSize(hidden=64, layers=1, heads=4, batch=2, seq=16, vocab=128)
     model = models.build_model(family, tiny)
     model.config._attn_implementation = "sdpa"
     ids = torch.randint(0, tiny.vocab, (tiny.batch, tiny.seq))
+    inputs = {"input_ids": ids}
+    if padded:
+        mask = torch.ones_like(ids)
+        mask[0, -tiny.seq // 4:] = 0  # the first sequence ends early
+        inputs["attention_mask"] = mask
     compiled: list[bool] = []
 
     def inspect(gm: torch.fx.GraphModule, example_inputs):
@@ -74,10 +84,10 @@ def _probe(family: str) -> dict[str, Optional[bool]]:
 
     with torch.no_grad():
         with _EagerAttentionCalls() as eager:
-            model(input_ids=ids)
+            model(**inputs)
         torch._dynamo.reset()
         try:
-            torch.compile(model, backend=inspect)(input_ids=ids)
+            torch.compile(model, backend=inspect)(**inputs)
         finally:
             torch._dynamo.reset()  # leave no compiled code of the probe behind
     return {"eager": any(eager.masks) if eager.masks else None,
