@@ -19,20 +19,20 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-#: the attention operator as a Dynamo graph records it (Dynamo keeps torch-level calls; aten's
-#: variants appear only after AOTAutograd, which this probe's backend never runs)
-_SDPA_TARGETS = (torch.nn.functional.scaled_dot_product_attention,)
+#: the attention operator, as eager code calls it and as a Dynamo graph records it (Dynamo keeps
+#: torch-level calls; aten's variants appear only after AOTAutograd, which the probe never runs)
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def _mask_argument(args, kwargs):
+    """The ``attn_mask`` of a ``scaled_dot_product_attention`` call (keyword or 4th positional)."""
+    return kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
 
 
 def _masks_in_graph(gm: torch.fx.GraphModule) -> list[bool]:
     """For each attention call in ``gm``: whether it is given a mask tensor."""
-    found = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target not in _SDPA_TARGETS:
-            continue
-        mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
-        found.append(isinstance(mask, torch.fx.Node))
-    return found
+    return [isinstance(_mask_argument(node.args, node.kwargs), torch.fx.Node)
+            for node in gm.graph.nodes if node.op == "call_function" and node.target is _SDPA]
 
 
 class _EagerAttentionCalls(torch.overrides.TorchFunctionMode):
@@ -44,9 +44,8 @@ class _EagerAttentionCalls(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
-            self.masks.append(isinstance(mask, torch.Tensor))
+        if func is _SDPA:
+            self.masks.append(isinstance(_mask_argument(args, kwargs), torch.Tensor))
         return func(*args, **kwargs)
 
 
