@@ -478,7 +478,8 @@ def test_stream_k_split_factors(op, splits, gen):
 # split-K / data-parallel; 3: 128x128 ping-pong; 0: 128x256 cooperative; 10: 128x192
 # cooperative; 11 / 12: 64x64 / 64x32 ping-pong (small weight gradients); 13: 64x128 ping-pong
 # (v0.28; a 128x64 tile from v0.22); 14 (v0.22): 256x128 cooperative with a 1x2 cluster; 1
-# (v0.30): 128x192 cooperative without a cluster.
+# (v0.30): 128x192 cooperative without a cluster. Layer shapes: a wgrad (tokens T, out N, in K)
+# is the GEMM N x K x T.
 TRANSFORMER_RULE_CASES = [
     ("linear", (512, 1024, 1024), 6),  # few tiles: transposed, token tile narrowed to fill SMs
     ("linear", (512, 2304, 768), 7),
@@ -491,7 +492,11 @@ TRANSFORMER_RULE_CASES = [
     ("linear_wgrad", (4096, 256, 1024), 11),  # 64 tiles of 64x64, each over the whole K
     ("linear_wgrad", (512, 256, 1024), 12),  # 128 tiles of 64x32 over 512 tokens
     ("linear_wgrad", (4096, 1024, 1024), 13),  # 1024 rows over 4096 tokens: 128 tiles of 64x128
-    ("linear", (4096, 1024, 1024), 14),  # 128 tiles of 256x128
+    ("linear", (4096, 1024, 4096), 14),  # 128 tiles of 256x128 over K = 4096
+    # v0.36: config 3 in config 14's place for the forward and dgrad layouts with 256 < K <= 1024
+    ("linear", (4096, 1024, 1024), 3),
+    ("linear_dgrad", (4096, 1024, 4096), 3),  # dgrad GEMM 4096 x 4096 x 1024
+    ("linear", (4096, 2816, 1024), 3),
     ("linear_dgrad", (4096, 256, 1024), 14),  # dgrad GEMM 4096 x 1024 x 256
     ("linear_wgrad", (4096, 3072, 1024), 14),  # 96 tiles of 256x128 over 4096 tokens
     # 128x192 tiles without a cluster over 2048-4096 tokens (v0.30)
@@ -509,7 +514,7 @@ TRANSFORMER_RULE_CASES = [
     ("linear", (4096, 8192, 1024), 3),  # short-ish K, 1024 tiles: ping-pong
     ("linear_dgrad", (4096, 4096, 11008), 0),  # dgrad GEMM 4096 x 11008 x 4096: 2752 tiles (v0.26)
     ("linear", (4096, 4096, 11008), 0),  # K = 11008: 128x256 cooperative
-    ("linear", (3328, 1280, 1024), 14),  # 130 tiles: no swizzle, which would make 168 (v0.24)
+    ("linear_wgrad", (1024, 1280, 3328), 14),  # 130 tiles: no swizzle, which would make 168 (v0.24)
     ("linear", (1024, 2816, 2816), 10),  # 128x192 tiles, not the transposed problem (v0.25)
     ("linear_dgrad", (1024, 1024, 3072), 10),  # dgrad GEMM 1024 x 3072 x 1024 (v0.25)
 ]

@@ -141,18 +141,29 @@ RULE_CASES = {
     ("wgrad", 1024, 1024, 4096): (13, 2, 0, False),  # in place of split-K
     ("fwd", 4096, 256, 1024): (13, 2, 0, False),  # in place of the transposed problem
     # config 14, 256x128 tiles, swizzle 2 (v0.22): up to a wave with K <= 4096, four with K <= 1024
-    ("fwd", 4096, 1024, 1024): (14, 2, 0, False),
-    ("dgrad", 4096, 1024, 1024): (14, 2, 0, False),
     ("dgrad", 4096, 1024, 256): (14, 2, 0, False),
     ("fwd", 4096, 1024, 4096): (14, 2, 0, False),
+    ("dgrad", 4096, 1024, 2816): (14, 2, 0, False),
     ("wgrad", 1024, 4096, 4096): (14, 2, 0, False),
     ("wgrad", 3072, 1024, 4096): (14, 2, 0, False),
-    ("fwd", 4096, 4096, 1024): (14, 2, 0, False),  # 512 tiles
+    ("wgrad", 4096, 4096, 1024): (14, 2, 0, False),  # 512 tiles
+    # v0.36: config 3 in config 14's place for the forward and dgrad layouts with 256 < K <= 1024
+    # (inside compiled H200 steps: 4096 x 4096 x 1024 forward 46.4 vs 51.5 us, dgrad 46.5 vs
+    # 51.0; 4096 x 2816 x 1024 37.5 vs 39.9; 4096 x 1024 x 1024 15.6 vs 16.2)
+    ("fwd", 4096, 1024, 1024): (3, 0, 0, False),
+    ("dgrad", 4096, 1024, 1024): (3, 0, 0, False),
+    ("fwd", 4096, 4096, 1024): (3, 0, 0, False),
+    ("dgrad", 4096, 4096, 1024): (3, 0, 0, False),
+    ("fwd", 4096, 3072, 1024): (3, 0, 0, False),
+    ("fwd", 4096, 1024, 512): (3, 0, 0, False),
+    ("fwd", 4096, 1024, 1032): (14, 2, 0, False),  # K > 1024: config 14 as before
+    ("fwd", 4096, 1024, 264): (3, 0, 0, False),
     # v0.32: over more than a wave with 256 < K <= 1024, config 14 only where its
     # waves are 80% full (4096 x 2304 x 768: 288 tiles, 73%: config 3, 0.900 vs 0.784 on the
     # H100, 0.940 vs 0.794 on the H200)
     ("fwd", 4096, 2304, 768): (3, 0, 0, False),
-    ("fwd", 4096, 2560, 1024): (14, 2, 0, False),  # 320 tiles: 81% of three waves
+    ("wgrad", 4096, 2560, 1024): (14, 2, 0, False),  # 320 tiles: 81% of three waves
+    ("fwd", 4096, 2560, 1024): (3, 0, 0, False),  # v0.36: the forward layout runs ping-pong
     ("fwd", 4096, 2304, 256): (14, 2, 0, False),  # K <= 256: not measured, unchanged
     ("wgrad", 2304, 4096, 768): (14, 2, 0, False),  # the weight gradient: not measured, unchanged
     ("fwd", 1024, 5120, 512): (10, 0, 0, False),  # 160 tiles, 61%: 128x192, H100 0.926 vs 0.804
@@ -166,11 +177,14 @@ RULE_CASES = {
     ("fwd", 4096, 8192, 512): (3, 0, 0, False),  # 1024 tiles: beyond four waves
     # no swizzle where its rounding of the tile grid would add a wave (v0.24): 13 x 10 tiles of
     # 256x128 are 130, one wave; with a swizzle of 2 CUTLASS's scheduler walks 14 x 12 = 168
-    ("fwd", 3328, 1280, 1024): (14, 1, 0, False),
-    ("fwd", 2816, 1536, 1024): (14, 1, 0, False),  # 11 x 12 = 132 -> 12 x 12 = 144
+    # (the weight gradient's layout: the forward's and dgrad's run config 3 at K <= 1024, v0.36)
+    ("wgrad", 3328, 1280, 1024): (14, 1, 0, False),
+    ("wgrad", 2816, 1536, 1024): (14, 1, 0, False),  # 11 x 12 = 132 -> 12 x 12 = 144
     ("wgrad", 2816, 2816, 1024): (14, 1, 0, False),  # 11 x 22 = 242 -> 12 x 24 = 288: 3 waves
-    ("fwd", 3072, 2816, 1024): (14, 1, 0, False),  # 12 x 22 = 264 (2 waves) -> 12 x 24 = 288 (3)
-    ("fwd", 4096, 2816, 1024): (14, 2, 0, False),  # 16 x 22 = 352 -> 16 x 24 = 384: 3 waves either way
+    ("wgrad", 3072, 2816, 1024): (14, 1, 0, False),  # 12 x 22 = 264 (2 waves) -> 12 x 24 = 288 (3)
+    ("wgrad", 4096, 2816, 1024): (14, 2, 0, False),  # 16 x 22 = 352 -> 16 x 24 = 384: 3 waves either way
+    ("fwd", 4096, 2816, 1024): (3, 0, 0, False),
+    ("dgrad", 4096, 2816, 1024): (3, 0, 0, False),
     ("wgrad", 5120, 512, 1024): (10, 0, 0, False),  # 40 x 3 tiles of 128x192: 120 -> 40 x 4 = 160
     # the 128x192 tile in place of the transposed problem again where config 14 had displaced it
     # from the row-major rule (v0.25): N >= 2048, not the weight gradient's layout

@@ -283,6 +283,23 @@ Sm90Choice tile256x128_choice(const GemmParams& p, int64_t sms) {
   return c;
 }
 
+// Whether a problem that config 14 takes runs on config 3 (128x128 ping-pong tiles, 1x2 cluster)
+// instead (v0.36): the forward and dgrad layouts with 256 < K <= 1024, where the mainloop is
+// short and ping-pong's epilogue, overlapped with the other warpgroup's mainloop, pays. Timed
+// inside compiled training steps on an H200 (bench --what step-sweep, fixed round order,
+// results/step_sweep_nvidia-h200_20261128-235051 / -235702 / -235740 / -235829.json), config 3
+// against config 14 in us per call: 4096 x 4096 x 1024 forward 46.4-46.5 vs 50.9-51.5 and dgrad
+// 46.5-48.6 vs 51.0-54.7 (gpt-host, bert-host, llama-gpu); 4096 x 3072 x 1024 forward 37.4 vs
+// 40.0; 4096 x 2816 x 1024 forward 37.5 vs 39.9 and dgrad 37.6 vs 39.4; 4096 x 1024 x 1024
+// 15.1-15.7 vs 15.5-16.2. The same steps kept config 14 ahead or level on the weight gradient's
+// layout, over K = 256 and over K >= 2816 (4096 x 1024 x 2816 / 4096), which stay with it.
+// Isolated sweeps had the two level here (H100, results/sweep_..._20261127-235628.json): the
+// rule follows the steps.
+bool pingpong_replaces_tile256x128(const GemmParams& p) {
+  const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
+  return !wgrad_layout && p.k > 256 && p.k <= 1024;
+}
+
 // The rule for row-major D (see choose_sm90_config). `with_tile256x128` false: the rule without
 // config 14 (configs 13 and the v0.24 tile counting stay), which
 // tile192_replaces_transposed_without_config14 asks.
@@ -348,7 +365,13 @@ Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = 
     c.config = 2;
     return c;
   }
-  if (with_tile256x128 && tile256x128_takes(p, sms)) return tile256x128_choice(p, sms);
+  if (with_tile256x128 && tile256x128_takes(p, sms)) {
+    if (pingpong_replaces_tile256x128(p)) {
+      c.config = 3;
+      return c;
+    }
+    return tile256x128_choice(p, sms);
+  }
   // More than a wave of 128x256 tiles but a last wave much emptier than 128x128 tiles would
   // leave it, over a long K: 128x128 data-parallel tiles.
   if (tiles256 >= sms && p.k >= 2048) {
@@ -513,6 +536,10 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     the stream-K and config 10 choices there (the 2816 x 1024 wgrad over 4096 tokens 0.976 vs
 //     0.853, 1024 x 2816 0.984 vs 0.961 on an H100; 3584 x 768 0.971 vs 0.861 on an H200;
 //     tile192_no_cluster_takes_wgrad).
+//   * v0.36: config 3 in config 14's place for the forward and dgrad layouts with 256 < K <= 1024
+//     (pingpong_replaces_tile256x128): 4-10% faster per call inside compiled H200 training steps
+//     (4096 x 4096 x 1024 forward 46.4 vs 51.5 us), where isolated H100 sweeps had config 14
+//     ahead by 1-4%; the step is what users run.
 namespace {
 
 // The transposed configuration (4-7) for a problem under 3/4 of a wave of 128x256 tiles that no
