@@ -18,28 +18,9 @@
 #include <vector>
 
 #include "../gated_act.h"
+#include "timing_common.cuh"
 
 namespace {
-
-#define CHECK_CUDA(call)                                                              \
-  do {                                                                                \
-    const cudaError_t err_ = (call);                                                  \
-    if (err_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(err_));       \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-
-__global__ void fill_kernel(__nv_bfloat16* p, int64_t count, unsigned seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    p[i] = __float2bfloat16((static_cast<float>(h & 0xffff) / 65535.0f - 0.5f) * 8.0f);
-  }
-}
 
 template <typename F> float median_us(F&& launch, int reps) {
   cudaEvent_t start, stop;
@@ -86,9 +67,8 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&grad_out, rows * n * elem));
   CHECK_CUDA(cudaMalloc(&grad_gate_up, rows * 2 * n * elem));
   CHECK_CUDA(cudaMalloc(&out2, rows * n * elem));
-  fill_kernel<<<1024, 256>>>(gate_up, rows * 2 * n, 1u);
-  fill_kernel<<<1024, 256>>>(grad_out, rows * n, 2u);
-  CHECK_CUDA(cudaGetLastError());
+  cutlass_nn::timing::fill_bf16(gate_up, rows * 2 * n, 1u, 8.0f);
+  cutlass_nn::timing::fill_bf16(grad_out, rows * n, 2u, 8.0f);
 
   const float fwd = median_us([&] {
     CHECK_CUDA(cutlass_nn::kernels::launch_gated_act_forward(DType::kBFloat16, Activation::kSilu,

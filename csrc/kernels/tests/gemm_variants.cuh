@@ -1,0 +1,237 @@
+// Experimental SM90 GEMM variants for scripts/gemm_variant_ab.sh: tile / cluster / schedule /
+// epilogue-tile combinations that the library does not build, timed against cuBLAS and against
+// the library's own configurations at chosen problem shapes, before any of them becomes a
+// configuration of gemm_sm90.cuh. Torch-free; bfloat16 operands and output, fp32 accumulation,
+// D = A @ B (no bias, beta = 0), A row-major, B column-major ("tn", the forward) or row-major
+// ("nn", the dgrad).
+//
+// One translation unit per variant (the script writes a two-line .cu that defines
+// CUTLASS_NN_VARIANT and includes this header with CUTLASS_NN_VARIANT_UNIT set), so the variants
+// compile in parallel; gemm_variant_timing.cu (which includes this header without
+// CUTLASS_NN_VARIANT_UNIT) holds main and the cuBLAS reference. Each unit registers itself in
+// variant_registry() from a static initializer.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace cutlass_nn {
+namespace variants {
+
+// One GEMM problem: D[m, n] = A[m, k] @ B[k, n]; B column-major (tn) unless b_row_major (nn).
+struct Problem {
+  int64_t m = 0, n = 0, k = 0;
+  bool b_row_major = false;
+};
+
+// One of the rotating operand sets a problem is timed on (so that operands come from memory,
+// not from the L2 of the previous launch).
+struct OperandSet {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+};
+
+// A problem prepared for one variant: kernel parameters per operand set, built beforehand, so
+// that a timed launch is only the launch.
+class Prepared {
+ public:
+  virtual ~Prepared() = default;
+  virtual bool launch(int set, cudaStream_t stream) = 0;
+};
+
+// raster: 0 CUTLASS's heuristic, 1 along M, 2 along N; swizzle: the scheduler's max swizzle.
+using PrepareFn = std::function<std::unique_ptr<Prepared>(
+    const Problem&, const std::vector<OperandSet>&, int raster, int swizzle, int sms,
+    cudaStream_t stream, std::string* why)>;
+
+struct Variant {
+  std::string name;
+  PrepareFn prepare;
+};
+
+inline std::vector<Variant>& variant_registry() {
+  static std::vector<Variant> registry;
+  return registry;
+}
+
+}  // namespace variants
+}  // namespace cutlass_nn
+
+#if defined(CUTLASS_NN_VARIANT_UNIT)
+#include "../gemm_sm90.cuh"
+
+namespace cutlass_nn {
+namespace variants {
+
+using kernels::Sm90TileConfig;
+
+// A tile configuration in gemm_sm90.cuh's form (what Sm90Gemm reads from it).
+template <int TileM, int TileN, int TileK, int ClusterM, int ClusterN, bool PingPong>
+struct VariantConfig {
+  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
+  using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
+  using KernelSchedule =
+      std::conditional_t<PingPong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  using EpilogueSchedule = std::conditional_t<PingPong, cutlass::epilogue::TmaWarpSpecialized,
+                                              cutlass::epilogue::TmaWarpSpecializedCooperative>;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+// The same with an explicit epilogue tile (CUTLASS's automatic one otherwise).
+template <int TileM, int TileN, int TileK, int ClusterM, int ClusterN, bool PingPong, int EpiM,
+          int EpiN>
+struct VariantConfigWithEpilogueTile
+    : VariantConfig<TileM, TileN, TileK, ClusterM, ClusterN, PingPong> {
+  using EpilogueTile = cute::Shape<cute::Int<EpiM>, cute::Int<EpiN>>;
+};
+
+template <class Cfg, class LayoutB>
+class PreparedSm90 final : public Prepared {
+  using Op = kernels::Sm90Gemm<cutlass::bfloat16_t, cutlass::bfloat16_t, cutlass::layout::RowMajor,
+                               LayoutB, Cfg, kernels::EpilogueKind::kLinComb,
+                               kernels::Activation::kIdentity>;
+  using Gemm = typename Op::Gemm;
+
+ public:
+  ~PreparedSm90() override {
+    if (workspace_ != nullptr) cudaFree(workspace_);
+  }
+
+  bool init(const Problem& pr, const std::vector<OperandSet>& sets, int raster, int swizzle,
+            int sms, cudaStream_t stream, std::string* why) {
+    std::vector<typename Gemm::Arguments> args;
+    size_t workspace = 0;
+    for (const OperandSet& s : sets) {
+      kernels::GemmParams p;
+      p.m = pr.m;
+      p.n = pr.n;
+      p.k = pr.k;
+      p.a = s.a;
+      p.lda = pr.k;
+      p.layout_a = kernels::Layout::kRowMajor;
+      p.b = s.b;
+      p.ldb = pr.b_row_major ? pr.n : pr.k;
+      p.layout_b = pr.b_row_major ? kernels::Layout::kRowMajor : kernels::Layout::kColumnMajor;
+      p.c = s.d;  // beta = 0: C is not read, but its TMA descriptor needs valid memory
+      p.ldc = pr.n;
+      p.d = s.d;
+      p.ldd = pr.n;
+      p.dtype_ab = p.dtype_cd = kernels::DType::kBFloat16;
+      p.sm = 90;
+      p.multiprocessors = sms;
+      p.swizzle = swizzle;
+      typename Gemm::Arguments a = Op::make_arguments(p);
+      using Raster = decltype(a.scheduler.raster_order);
+      a.scheduler.raster_order =
+          raster == 1 ? Raster::AlongM : raster == 2 ? Raster::AlongN : Raster::Heuristic;
+      if (Gemm::can_implement(a) != cutlass::Status::kSuccess) {
+        *why = "can_implement() rejected the problem";
+        return false;
+      }
+      workspace = std::max(workspace, Gemm::get_workspace_size(a));
+      args.push_back(a);
+    }
+    if (workspace > 0 && cudaMalloc(&workspace_, workspace) != cudaSuccess) {
+      *why = "workspace allocation failed";
+      return false;
+    }
+    // The first run goes through initialize() and run(), which set the kernel's attributes
+    // (dynamic shared memory, cluster size); the timed launches then use launch_sm90 as the
+    // library does.
+    Gemm gemm;
+    if (gemm.initialize(args[0], workspace_, stream) != cutlass::Status::kSuccess ||
+        gemm.run(stream) != cutlass::Status::kSuccess) {
+      *why = "initialize() / run() failed";
+      return false;
+    }
+    for (auto& a : args) {
+      using Kernel = typename Gemm::GemmKernel;
+      if (Kernel::initialize_workspace(a, workspace_, stream, nullptr) !=
+          cutlass::Status::kSuccess) {
+        *why = "initialize_workspace() failed";
+        return false;
+      }
+      params_.push_back(Kernel::to_underlying_arguments(a, workspace_));
+    }
+    return true;
+  }
+
+  bool launch(int set, cudaStream_t stream) override {
+    return kernels::detail::launch_sm90<Gemm>(params_[set], stream, /*pdl=*/false) ==
+           cutlass::Status::kSuccess;
+  }
+
+ private:
+  std::vector<typename Gemm::Params> params_;
+  void* workspace_ = nullptr;
+};
+
+template <class Cfg>
+bool register_variant(const char* name) {
+  variant_registry().push_back(Variant{
+      name, [](const Problem& pr, const std::vector<OperandSet>& sets, int raster, int swizzle,
+               int sms, cudaStream_t stream, std::string* why) -> std::unique_ptr<Prepared> {
+        std::unique_ptr<Prepared> out;
+        if (pr.b_row_major) {
+          auto p = std::make_unique<PreparedSm90<Cfg, cutlass::layout::RowMajor>>();
+          if (p->init(pr, sets, raster, swizzle, sms, stream, why)) out = std::move(p);
+        } else {
+          auto p = std::make_unique<PreparedSm90<Cfg, cutlass::layout::ColumnMajor>>();
+          if (p->init(pr, sets, raster, swizzle, sms, stream, why)) out = std::move(p);
+        }
+        return out;
+      }});
+  return true;
+}
+
+}  // namespace variants
+}  // namespace cutlass_nn
+
+// The variants (CUTLASS_NN_VARIANT selects one per unit; scripts/gemm_variant_ab.sh builds
+// all of them unless told otherwise). c0 / c3 / c14: the library's configurations 0, 3 and 14
+// as built (the reference points); 3-10 change one thing of theirs each.
+namespace cutlass_nn {
+namespace variants {
+namespace {
+using AllConfigs = std::tuple<
+    kernels::Sm90TileConfig<0>,                                          // 0
+    kernels::Sm90TileConfig<3>,                                          // 1
+    kernels::Sm90TileConfig<14>,                                         // 2
+    VariantConfig<256, 128, 64, 2, 1, false>,                            // 3
+    VariantConfig<256, 128, 64, 1, 1, false>,                            // 4
+    VariantConfigWithEpilogueTile<256, 128, 64, 1, 2, false, 128, 64>,  // 5
+    VariantConfig<128, 256, 64, 1, 2, false>,                            // 6
+    VariantConfig<128, 128, 64, 2, 1, true>,                             // 7
+    VariantConfig<128, 128, 64, 1, 1, true>,                             // 8
+    VariantConfig<128, 128, 64, 1, 2, false>,                            // 9
+    VariantConfigWithEpilogueTile<128, 128, 64, 1, 2, true, 64, 64>,    // 10
+    // 11, 12: cuBLAS's tile for the 4096 x 2816 x 1024 forward on an H100 (nvjet 176x128 64x5
+    // 1x2, its M being our N): 16 x 32 = 512 tiles, 3.9 waves of 132, where 128-wide tiles make
+    // 5.3. The epilogue tile must divide 176.
+    VariantConfigWithEpilogueTile<128, 176, 64, 2, 1, true, 64, 16>,    // 11
+    VariantConfigWithEpilogueTile<128, 176, 64, 2, 1, false, 128, 16>>;  // 12
+constexpr const char* kLabels[] = {
+    "c0 128x256 2x1 coop",        "c3 128x128 1x2 pingpong",      "c14 256x128 1x2 coop",
+    "256x128 2x1 coop",           "256x128 1x1 coop",             "256x128 1x2 coop epi128x64",
+    "128x256 1x2 coop",           "128x128 2x1 pingpong",         "128x128 1x1 pingpong",
+    "128x128 1x2 coop",           "128x128 1x2 pingpong epi64x64",
+    "128x176 2x1 pingpong epi64x16", "128x176 2x1 coop epi128x16"};
+static_assert(std::size(kLabels) == std::tuple_size_v<AllConfigs>, "one label per variant");
+static_assert(CUTLASS_NN_VARIANT >= 0 && CUTLASS_NN_VARIANT < std::tuple_size_v<AllConfigs>,
+              "gemm_variants.cuh: CUTLASS_NN_VARIANT names no variant");
+const bool kUnitRegistered =
+    register_variant<std::tuple_element_t<CUTLASS_NN_VARIANT, AllConfigs>>(
+        kLabels[CUTLASS_NN_VARIANT]);
+}  // namespace
+}  // namespace variants
+}  // namespace cutlass_nn
+#endif  // CUTLASS_NN_VARIANT_UNIT
