@@ -386,6 +386,8 @@ void check_main_grad_args(const at::Tensor& weight, const at::Tensor& buffer) {
               ": argument 'buffer' must be contiguous (the weight-gradient GEMM adds into it in "
               "place), got strides ",
               shape_string(buffer.strides()));
+  // the gradient is added into the buffer: one that is the weight would change the weight
+  check_no_overlap(op, "buffer", buffer, "weight", weight);
 }
 
 c10::ScalarType rms_norm_stat_dtype(c10::ScalarType dtype) {

@@ -11,7 +11,8 @@
 # Environment: CUDA_HOME (default /usr/local/cuda), VARIANTS (the variant numbers to build,
 # default "0 1 2 3 4 5 6 7 8 9 10 11 12"), MAX_JOBS (parallel nvcc jobs, default nproc), ROUNDS,
 # SAMPLES, ITERS, RASTERS (0 CUTLASS's heuristic, 1 along M, 2 along N; default "0"), SWIZZLES
-# (default "1"), BUILD_DIR (default: a temporary folder, removed at the end), CUBLAS_HOME (a
+# (default "1"; the rule runs config 14 with a swizzle of 2 at many shapes: pass "1 2" to
+# compare with it), BUILD_DIR (default: a temporary folder, removed at the end), CUBLAS_HOME (a
 # folder with include/cublas_v2.h and lib/libcublas.so*; default: the CUDA toolkit's, else the
 # one of the `nvidia` Python wheels that torch installs). Exits non-zero when a unit does not
 # build or the run fails.
@@ -83,6 +84,8 @@ main_pid=$!
 if ! printf '%s\n' $variants | xargs -P "$jobs" -I{} \
     "$nvcc" "${flags[@]}" -c "$build/variant_{}.cu" -o "$build/variant_{}.o"; then
   echo "$0: a variant did not build" >&2
+  kill "$main_pid" 2> /dev/null || true
+  wait "$main_pid" 2> /dev/null || true
   exit 1
 fi
 wait "$main_pid" || { echo "$0: gemm_variant_timing.cu did not build" >&2; exit 1; }

@@ -422,6 +422,17 @@ def test_set_main_grad_checks_the_buffer(wdtype, make, match):
     assert ops._main_grad(w) is None  # nothing registered
 
 
+def test_set_main_grad_refuses_the_weight_itself():
+    # the weight-gradient GEMM adds into the buffer: the weight's own memory would be changed
+    w = torch.nn.Parameter(torch.randn(3, 4))
+    before = w.detach().clone()
+    with pytest.raises(RuntimeError, match=E("cutlass_nn._set_main_grad: argument 'buffer' must "
+                                             "not share memory with 'weight'")):
+        ops._set_main_grad(w, w.detach())
+    assert ops._main_grad(w) is None
+    assert torch.equal(w.detach(), before)
+
+
 @pytest.mark.parametrize("wdtype,bdtype", [
     (torch.float32, torch.float32), (torch.float16, torch.float32), (torch.bfloat16, torch.float32),
     (torch.float16, torch.float16), (torch.float64, torch.float64),

@@ -275,6 +275,28 @@ def test_gated_mlp_gate_without_up_gradient_keeps_the_usual_path_for_both():
     assert counts == (1, 1)  # gate+up: a new [2n, in] gradient; down: accumulated
 
 
+def test_gated_mlp_down_gradient_sharing_the_block_input_keeps_the_usual_path():
+    # The block input is a view of down_proj's .grad: accumulating the down projection's gradient
+    # into it in place would change the input before the gate+up weight gradient reads it.
+    plain = gated(seed=5)
+    fused = copy.deepcopy(plain)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(5, 6, dtype=torch.float64, generator=gen)
+    for m in (plain, fused):
+        for p in m.parameters():
+            p.grad = torch.zeros_like(p)
+    storage = fused.down_proj.weight.grad
+    x_view = storage.view(-1)[: x.numel()].view_as(x)
+    x_view.copy_(x)
+    plain(x.clone()).sum().backward()
+    with cutlass_nn.fused_wgrad_accumulation():
+        fused(x_view).sum().backward()
+    for (name, want), got in zip(plain.named_parameters(), fused.parameters()):
+        if name.startswith("down_proj"):
+            continue  # its gradient is the input's storage: what it holds now is not comparable
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-12, atol=1e-12, msg=name)
+
+
 def test_gated_mlp_frozen_up_weight_keeps_the_usual_path():
     batches = gated_batches(2)
     plain, fused = gated(seed=3), gated(seed=3)

@@ -61,6 +61,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <initializer_list>
 #include <string>
 #include <tuple>
 
@@ -147,14 +148,23 @@ at::Tensor grad_to_accumulate_into(const at::Tensor& weight) {
 // gradient set to a view of the layer's input, say). linear_wgrad_accumulate_ refuses operands
 // that overlap what it writes; here the usual path (a new gradient that autograd then adds)
 // gives the right sum instead of an error in the middle of backward().
-bool shares_memory_with(const at::Tensor& buffer, const at::Tensor& a, const at::Tensor& b) {
-  return buffer.is_alias_of(a) || buffer.is_alias_of(b);
+// `later_reads`: tensors the rest of the backward reads after this accumulation (the gated MLP's
+// block input, read by the gate+up weight gradient after the down projection's): a buffer that
+// shares their storage would change them first.
+bool shares_memory_with(const at::Tensor& buffer, const at::Tensor& a, const at::Tensor& b,
+                        std::initializer_list<at::Tensor> later_reads = {}) {
+  if (buffer.is_alias_of(a) || buffer.is_alias_of(b)) return true;
+  for (const at::Tensor& t : later_reads) {
+    if (t.defined() && buffer.is_alias_of(t)) return true;
+  }
+  return false;
 }
 
 bool accumulate_wgrad_in_place(const at::Tensor& grad_z, const at::Tensor& input,
-                               const at::Tensor& weight) {
+                               const at::Tensor& weight,
+                               std::initializer_list<at::Tensor> later_reads = {}) {
   const at::Tensor grad = grad_to_accumulate_into(weight);
-  if (!grad.defined() || shares_memory_with(grad, grad_z, input)) return false;
+  if (!grad.defined() || shares_memory_with(grad, grad_z, input, later_reads)) return false;
   cutlass_nn::linear_wgrad_accumulate_(grad, grad_z, input);
   return true;
 }
@@ -679,7 +689,9 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
     } else {
       hidden = cutlass_nn::gated_act(gate_up, activation);
     }
-    if (need(3) && !accumulate_wgrad_in_place(grad_out, hidden, down_weight)) {
+    // The gate+up side reads the block input, dGU and the gate / up weights after this.
+    if (need(3) && !accumulate_wgrad_in_place(grad_out, hidden, down_weight,
+                                              {input, grad_gate_up, saved[1], saved[2]})) {
       grads[3] = cutlass_nn::linear_wgrad(grad_out, hidden);
     }
     hidden.reset();  // no longer needed: free it before the gate+up GEMMs allocate theirs

@@ -291,10 +291,11 @@ Sm90Choice tile256x128_choice(const GemmParams& p, int64_t sms) {
 // against config 14 in us per call: 4096 x 4096 x 1024 forward 46.4-46.5 vs 50.9-51.5 and dgrad
 // 46.5-48.6 vs 51.0-54.7 (gpt-host, bert-host, llama-gpu); 4096 x 3072 x 1024 forward 37.4 vs
 // 40.0; 4096 x 2816 x 1024 forward 37.5 vs 39.9 and dgrad 37.6 vs 39.4; 4096 x 1024 x 1024
-// 15.1-15.7 vs 15.5-16.2. The same steps kept config 14 ahead or level on the weight gradient's
-// layout, over K = 256 and over K >= 2816 (4096 x 1024 x 2816 / 4096), which stay with it.
-// Isolated sweeps had the two level here (H100, results/sweep_..._20261127-235628.json): the
-// rule follows the steps.
+// 15.1-15.7 vs 15.5-16.2. Config 14 stayed ahead or level at K = 256 and K >= 2816 (4096 x 1024 x
+// 2816 / 4096), which keep it; weight gradients with 256 < K <= 1024 were not measured and keep
+// it too. Isolated H100 sweeps were mixed (results/sweep_..._20261127-234915 / -235628.json:
+// config 14 ahead by 1-2% at 4096 x 4096 x 1024 and 4096 x 3072 x 1024, config 3 at 4096 x 1024
+// x 1024); the rule follows the H200's steps.
 bool pingpong_replaces_tile256x128(const GemmParams& p) {
   const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
   return !wgrad_layout && p.k > 256 && p.k <= 1024;
@@ -537,9 +538,9 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     0.853, 1024 x 2816 0.984 vs 0.961 on an H100; 3584 x 768 0.971 vs 0.861 on an H200;
 //     tile192_no_cluster_takes_wgrad).
 //   * v0.36: config 3 in config 14's place for the forward and dgrad layouts with 256 < K <= 1024
-//     (pingpong_replaces_tile256x128): 4-10% faster per call inside compiled H200 training steps
-//     (4096 x 4096 x 1024 forward 46.4 vs 51.5 us), where isolated H100 sweeps had config 14
-//     ahead by 1-4%; the step is what users run.
+//     (pingpong_replaces_tile256x128): 2-11% faster per call inside compiled H200 training steps
+//     (4096 x 4096 x 1024 forward 46.5 vs 51.5 us in gpt-host's), where isolated H100 sweeps were
+//     mixed (config 14 ahead by up to 2% on the larger shapes); the step is what users run.
 namespace {
 
 // The transposed configuration (4-7) for a problem under 3/4 of a wave of 128x256 tiles that no
