@@ -9,7 +9,7 @@
 # e.g. bash scripts/gemm_variant_ab.sh /tmp/cutlass_site/cutlass_library/source/include \
 #          4096x2816x1024:tn 4096x4096x1024:nn
 # Environment: CUDA_HOME (default /usr/local/cuda), VARIANTS (the variant numbers to build,
-# default "0 1 2 3 4 5 6 7 8 9 10 11 12"), MAX_JOBS (parallel nvcc jobs, default nproc), ROUNDS,
+# default all: "0 1 ... 15"), MAX_JOBS (parallel nvcc jobs, default nproc), ROUNDS,
 # SAMPLES, ITERS, RASTERS (0 CUTLASS's heuristic, 1 along M, 2 along N; default "0"), SWIZZLES
 # (default "1"; the rule runs config 14 with a swizzle of 2 at many shapes: pass "1 2" to
 # compare with it), BUILD_DIR (default: a temporary folder, removed at the end), CUBLAS_HOME (a
@@ -26,7 +26,10 @@ inc=$(cd "$1" && pwd)
 shift
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 nvcc="$CUDA_HOME/bin/nvcc"
+# CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED: WGMMA widths that are not powers of two or 192 (the
+# 176-wide variants); it changes no other variant's choice of instruction.
 flags=(-std=c++17 -O3 -DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 -DCUTLASS_NN_HAS_SM90
+       -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
        --expt-relaxed-constexpr --expt-extended-lambda -gencode=arch=compute_90a,code=sm_90a
        -I"$inc" -I"$inc/../tools/util/include" -Icsrc/kernels)
 # cuBLAS: the toolkit's, else a pip wheel's (nvidia/cu13, nvidia/cublas).
@@ -68,7 +71,7 @@ else
   build=$(mktemp -d)
   trap 'rm -rf "$build"' EXIT
 fi
-variants=${VARIANTS:-"0 1 2 3 4 5 6 7 8 9 10 11 12"}
+variants=${VARIANTS:-"$(seq -s " " 0 15)"}
 jobs=${MAX_JOBS:-$(nproc)}
 t0=$(date +%s)
 objects=()

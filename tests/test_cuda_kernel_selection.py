@@ -42,9 +42,9 @@ SHORT_K_CONFIGS = (8, 9)
 # The small-wgrad configurations (64-row ping-pong tiles): the wgrad layout, 16-bit outputs only.
 SMALL_WGRAD_CONFIGS = (11, 12)
 # The row-major configurations compiled with a float32 output too (the wgrad of an fp32 main
-# gradient); config 1 (v0.30) and 10, 13, 14 have 16-bit outputs only.
+# gradient); config 1 (v0.30) and 10, 13, 14, 15 have 16-bit outputs only.
 FP32_OUT_CONFIGS = (0, 2, 3)
-N_CONFIGS = 15
+N_CONFIGS = 16
 
 
 def _transposable(op: str) -> bool:
@@ -478,7 +478,8 @@ def test_stream_k_split_factors(op, splits, gen):
 # split-K / data-parallel; 3: 128x128 ping-pong; 0: 128x256 cooperative; 10: 128x192
 # cooperative; 11 / 12: 64x64 / 64x32 ping-pong (small weight gradients); 13: 64x128 ping-pong
 # (v0.28; a 128x64 tile from v0.22); 14 (v0.22): 256x128 cooperative with a 1x2 cluster; 1
-# (v0.30): 128x192 cooperative without a cluster. Layer shapes: a wgrad (tokens T, out N, in K)
+# (v0.30): 128x192 cooperative without a cluster; 15 (v0.37): 128x128 ping-pong without a
+# cluster. Layer shapes: a wgrad (tokens T, out N, in K)
 # is the GEMM N x K x T.
 TRANSFORMER_RULE_CASES = [
     ("linear", (512, 1024, 1024), 6),  # few tiles: transposed, token tile narrowed to fill SMs
@@ -494,7 +495,12 @@ TRANSFORMER_RULE_CASES = [
     ("linear_wgrad", (4096, 1024, 1024), 13),  # 1024 rows over 4096 tokens: 128 tiles of 64x128
     ("linear", (4096, 1024, 4096), 14),  # 128 tiles of 256x128 over K = 4096
     # v0.36: config 3 in config 14's place for the forward and dgrad layouts with 256 < K <= 1024
-    ("linear", (4096, 1024, 1024), 3),
+    ("linear_dgrad", (4096, 1024, 1024), 3),  # dgrad GEMM 4096 x 1024 x 1024
+    # v0.37: config 15 (config 3 without a cluster) for the forward layout of outputs at most
+    # 1024 wide over 1.5-3 waves of 128x128 tiles with 256 < K <= 3072
+    ("linear", (4096, 1024, 1024), 15),
+    ("linear", (4096, 1024, 2816), 15),  # in place of config 14
+    ("linear", (8192, 1024, 1024), 3),  # 512 tiles: more than 3 waves
     ("linear_dgrad", (4096, 1024, 4096), 3),  # dgrad GEMM 4096 x 4096 x 1024
     ("linear", (4096, 2816, 1024), 3),
     ("linear_dgrad", (4096, 256, 1024), 14),  # dgrad GEMM 4096 x 1024 x 256

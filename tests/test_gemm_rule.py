@@ -150,14 +150,24 @@ RULE_CASES = {
     # v0.36: config 3 in config 14's place for the forward and dgrad layouts with 256 < K <= 1024
     # (inside compiled H200 steps: 4096 x 4096 x 1024 forward 46.5 vs 51.5 us, dgrad 46.5 vs
     # 51.2; 4096 x 2816 x 1024 37.5 vs 39.9; 4096 x 1024 x 1024 15.6 vs 16.2)
-    ("fwd", 4096, 1024, 1024): (3, 0, 0, False),
     ("dgrad", 4096, 1024, 1024): (3, 0, 0, False),
     ("fwd", 4096, 4096, 1024): (3, 0, 0, False),
     ("dgrad", 4096, 4096, 1024): (3, 0, 0, False),
     ("fwd", 4096, 3072, 1024): (3, 0, 0, False),
-    ("fwd", 4096, 1024, 512): (3, 0, 0, False),
-    ("fwd", 4096, 1024, 1032): (14, 2, 0, False),  # K > 1024: config 14 as before
-    ("fwd", 4096, 1024, 264): (3, 0, 0, False),
+    ("dgrad", 4096, 1024, 1032): (14, 2, 0, False),  # K > 1024: config 14 as before
+    # v0.37: config 15 (config 3 without a cluster) for the forward layout of outputs at most
+    # 8 tiles of 128 wide over 1.5-3 waves of 128x128 tiles, 256 < K <= 3072 (isolated, H200:
+    # 4096 x 1024 x 1024 16.4-16.5 us vs 16.7-16.9 on config 3; 4096 x 1024 x 2816 37.4 vs 38.5
+    # on config 3 and 39.0 on config 14)
+    ("fwd", 4096, 1024, 1024): (15, 0, 0, False),
+    ("fwd", 4096, 1024, 512): (15, 0, 0, False),
+    ("fwd", 4096, 1024, 264): (15, 0, 0, False),
+    ("fwd", 4096, 1024, 1032): (15, 0, 0, False),
+    ("fwd", 4096, 1024, 2816): (15, 0, 0, False),
+    ("fwd", 4096, 1024, 3072): (15, 0, 0, False),
+    ("fwd", 4096, 1024, 3080): (14, 2, 0, False),  # K > 3072: not measured, config 14
+    ("fwd", 4096, 1024, 256): (14, 2, 0, False),  # K <= 256: the short-K branch, unchanged
+    ("fwd", 8192, 1024, 1024): (3, 0, 0, False),  # 512 tiles: more than 3 waves
     # v0.32: over more than a wave with 256 < K <= 1024, config 14 only where its
     # waves are 80% full (4096 x 2304 x 768: 288 tiles, 73%: config 3, 0.900 vs 0.784 on the
     # H100, 0.940 vs 0.794 on the H200)

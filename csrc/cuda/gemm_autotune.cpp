@@ -261,7 +261,7 @@ constexpr int kTimedRounds = 5;
 // The candidates: (config, swizzle, splits). The rule's own choice runs first (its result is
 // the reference the others are checked against); candidates whose plan resolves to one already
 // taken (a configuration without a kernel for this layout falls back to the rule) are skipped.
-constexpr std::array<std::array<int, 3>, 20> kCandidates = {{
+constexpr std::array<std::array<int, 3>, 21> kCandidates = {{
     {-1, 0, 0},                                    // the rule
     {0, 0, 0},                                     // 128x256, 2x1 cluster
     {1, 0, 0},                                     // 128x192, no cluster
@@ -273,6 +273,7 @@ constexpr std::array<std::array<int, 3>, 20> kCandidates = {{
     {11, 0, 0}, {12, 0, 0},                        // small weight gradient, whole K
     {13, 0, 0},                                    // 64x128 ping-pong
     {14, 0, 0},                                    // 256x128, 1x2 cluster
+    {15, 0, 0},                                    // 128x128 ping-pong, no cluster
 }};
 
 bool same_output(const at::Tensor& d, const at::Tensor& reference) {

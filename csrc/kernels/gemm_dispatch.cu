@@ -4,7 +4,7 @@
 //
 // Selection (first registry row that fits, rows are in priority order):
 //   1. kSm90TmaWs     only if sm == 90, arch_path == kAuto, 16-bit A/B (or float32 with
-//                     Fp32Math::kTf32: config 15, or kTf32Split: config 16), every operand
+//                     Fp32Math::kTf32: config 16, or kTf32Split: config 17), every operand
 //                     16-byte aligned, and (for a row-broadcast bias) beta == 1; among its tile
 //                     configurations the one choose_sm90_config() names for the problem shape.
 //                     The only family with fused activation epilogues. For a small M the rule
@@ -103,8 +103,8 @@ bool valid_dtypes(DType ab, DType cd) {
 // The SM90 tile configuration of the fused-activation kernels (SM90_ACT_CONFIG of the generator).
 constexpr int kActConfig = 3;
 // The SM90 configurations of float32 operands: TF32, and the TF32 parts of a 3xTF32 split.
-constexpr int kTf32Config = 15;
-constexpr int kTf32SplitConfig = 16;
+constexpr int kTf32Config = 16;
+constexpr int kTf32SplitConfig = 17;
 // The short-K configurations (Sm90TileConfig<8, 9>: config 0 with a 128x64 / 128x128 epilogue
 // tile), compiled for the wgrad layout with the input dtype out only.
 constexpr int kShortKConfig = 8;
@@ -118,6 +118,8 @@ constexpr int kSmallWgradNarrowConfig = 12;
 // cluster (Sm90TileConfig<14>), compiled with the input dtype out only.
 constexpr int kTile64x128Config = 13;
 constexpr int kTile256x128Config = 14;
+// Config 3's 128x128 ping-pong tile without a cluster (v0.37).
+constexpr int kPingpongNoClusterConfig = 15;
 // Config 10's 128x192 tile without a cluster (Sm90TileConfig<1>, v0.30), compiled with the input
 // dtype out only.
 constexpr int kTile192NoClusterConfig = 1;
@@ -300,6 +302,21 @@ bool pingpong_replaces_tile256x128(const GemmParams& p) {
   const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
   return !wgrad_layout && p.k > 256 && p.k <= 1024;
 }
+// Whether a problem that config 14 takes runs on config 15 (config 3's ping-pong tile without a
+// cluster) instead (v0.37): the forward layout of an output at most 8 tiles of 128 wide (N <=
+// 1024, at least 1024 by tile256x128_takes) over 1.5-3 waves of 128x128 tiles, with 256 < K <=
+// 3072. Isolated on an H200 (scripts/gemm_variant_ab.sh, 3 interleaved rounds, operands rotated
+// over twice the L2, benchmarks/results/variant_ab_h200_20261129.txt), us per call, config 15 /
+// 3 / 14 / cuBLAS: 4096 x 1024 x 1024 (256 tiles) 16.4-16.5 / 16.7-16.9 / 17.3 / 16.0; 4096 x
+// 1024 x 2816 37.3-37.5 / 38.4-38.6 / 38.7-39.4 / 37.1. The dgrad layout was not measured at
+// these shapes (at 4096 x 2816 x 1024 the two runs disagreed on the order of configs 15 and 3)
+// and keeps the choices above, as do fewer or more tiles and longer K.
+bool pingpong_without_cluster_takes(const GemmParams& p, int64_t sms) {
+  const bool forward_layout = p.layout_a == Layout::kRowMajor && p.layout_b == Layout::kColumnMajor;
+  const int64_t tiles128 = ceil_div(p.m, 128) * ceil_div(p.n, 128);
+  return forward_layout && p.k > 256 && p.k <= 3072 && ceil_div(p.n, 128) <= 8 &&
+         tiles128 * 2 > sms * 3 && tiles128 <= sms * 3;
+}
 
 // The rule for row-major D (see choose_sm90_config). `with_tile256x128` false: the rule without
 // config 14 (configs 13 and the v0.24 tile counting stay), which
@@ -367,6 +384,10 @@ Sm90Choice choose_row_major_config(const GemmParams& p, bool with_tile256x128 = 
     return c;
   }
   if (with_tile256x128 && tile256x128_takes(p, sms)) {
+    if (pingpong_without_cluster_takes(p, sms)) {
+      c.config = kPingpongNoClusterConfig;
+      return c;
+    }
     if (pingpong_replaces_tile256x128(p)) {
       c.config = 3;
       return c;
@@ -541,6 +562,10 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     (pingpong_replaces_tile256x128): 2-11% faster per call inside compiled H200 training steps
 //     (4096 x 4096 x 1024 forward 46.5 vs 51.5 us in gpt-host's), where isolated H100 sweeps were
 //     mixed (config 14 ahead by up to 2% on the larger shapes); the step is what users run.
+//   * v0.37: config 15 (config 3 without a cluster) in config 14's or 3's place for the forward
+//     layout of outputs at most 1024 wide over 1.5-3 waves of 128x128 tiles with 256 < K <= 3072
+//     (pingpong_without_cluster_takes): 2-4% per call isolated on an H200 (4096 x 1024 x 2816
+//     37.4 vs 38.5 us on config 3, 39.0 on config 14, cuBLAS 37.1).
 namespace {
 
 // The transposed configuration (4-7) for a problem under 3/4 of a wave of 128x256 tiles that no
@@ -936,8 +961,9 @@ const char* sm90_config_name(int config) {
     case 12: return "64x32x128_1x1x1_pingpong";
     case 13: return "64x128x64_1x1x1_pingpong";
     case 14: return "256x128x64_1x2x1_coop";
-    case 15: return "128x256x32_2x1x1_coop";
-    case 16: return "128x128x32_2x1x1_coop_promoted";
+    case 15: return "128x128x64_1x1x1_pingpong";
+    case 16: return "128x256x32_2x1x1_coop";
+    case 17: return "128x128x32_2x1x1_coop_promoted";
   }
   return nullptr;
 }

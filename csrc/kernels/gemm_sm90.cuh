@@ -6,7 +6,7 @@
 //   D = alpha * (A @ B) + beta * C + bias[m]        (kLinCombColMajorD: C, D column-major; the
 //                                                    dispatcher's transposed small-M problem)
 //
-// A/B are 16-bit (f16 / bf16), or float32 on TF32 tensor cores (configs 15 and 16, "tn" only);
+// A/B are 16-bit (f16 / bf16), or float32 on TF32 tensor cores (configs 16 and 17, "tn" only);
 // accumulation is fp32, C/D are RowMajor (but see kLinCombColMajorD) with the A/B dtype or fp32.
 // "PerColBias" in CUTLASS is a Sm90RowBroadcast with stride (_0, _1): one value per column n,
 // i.e. exactly nn.Linear's bias. A null bias pointer reads as 0 (EnableNullptr), so the same kernel
@@ -199,11 +199,22 @@ struct Sm90TileConfig<14> {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
-// 15 and 16 (apart from the 16-bit configurations, which the sweep enumerates): float32 operands
-// on TF32 tensor cores, K-major A and B (the "tn" layout) only, 32-deep k-blocks.
-// 15: TF32 matmuls (float32 matmul precision "high"): 128x256 tiles, 4 pipeline stages.
+// 15: config 3's 128x128 ping-pong tile without a cluster (v0.37): the forward GEMM of a layer
+// with at most 1024 outputs over a few thousand tokens (2-3 waves of 128x128 tiles), where the
+// 1x2 cluster's coupled pipelines (a stage is refilled only when both CTAs released it) cost more
+// than the A-tile multicast saves. Isolated on an H200 (scripts/gemm_variant_ab.sh, NOTES v0.37),
+// us per call against config 3 / 14 / cuBLAS: 4096 x 1024 x 1024 16.4-16.5 vs 16.7-16.9 / 17.3 /
+// 16.0; 4096 x 1024 x 2816 37.3-37.5 vs 38.4-38.6 / 38.7-39.4 / 37.1.
 template <>
-struct Sm90TileConfig<15> {
+struct Sm90TileConfig<15> : Sm90TileConfig<3> {
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+};
+
+// 16 and 17 (apart from the 16-bit configurations, which the sweep enumerates): float32 operands
+// on TF32 tensor cores, K-major A and B (the "tn" layout) only, 32-deep k-blocks.
+// 16: TF32 matmuls (float32 matmul precision "high"): 128x256 tiles, 4 pipeline stages.
+template <>
+struct Sm90TileConfig<16> {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_32>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -211,7 +222,7 @@ struct Sm90TileConfig<15> {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
-// 16: the 3xTF32 path of precision "highest" (operands split into TF32 parts by the binding,
+// 17: the 3xTF32 path of precision "highest" (operands split into TF32 parts by the binding,
 // split_tf32.h). Every product of TF32 parts is exact in fp32, but WGMMA's fp32 accumulation is
 // not IEEE round-to-nearest: one TF32 GEMM over the split operands measured 1.0e-5 relative error
 // against cuBLAS fp32's 2.2e-7 (4096^3, H200), its results biased toward zero. So the WGMMA
@@ -224,7 +235,7 @@ struct Sm90TileConfig<15> {
 // 11.5 ms, error 6.6e-7; every second one (8 MMAs) 11.1 ms, 5.0e-7; every fourth (16 MMAs,
 // 128-deep partial sums) is the setting.
 template <>
-struct Sm90TileConfig<16> {
+struct Sm90TileConfig<17> {
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_32>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -566,9 +577,9 @@ struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Con
   using Op = Sm90Gemm<detail::element_t<AB>, detail::element_t<CD>, detail::layout_t<LA>,
                       detail::layout_t<LB>, Sm90TileConfig<Config>, Epi, Act>;
   static_assert(Align == Op::kAlignmentAB, "SM90 kernels use 16-byte alignment");
-  static_assert(AB != DType::kFloat32 || ((Config == 15 || Config == 16) &&
+  static_assert(AB != DType::kFloat32 || ((Config == 16 || Config == 17) &&
                                           LA == Layout::kRowMajor && LB == Layout::kColumnMajor),
-                "float32 (TF32) SM90 kernels: config 15 or 16, K-major A and B (tn) only");
+                "float32 (TF32) SM90 kernels: config 16 or 17, K-major A and B (tn) only");
   static_assert((Epi == EpilogueKind::kLinCombColMajorD) == (Config >= 4 && Config <= 7),
                 "configs 4-7 (and only they) run the transposed small-M problem");
 

@@ -216,15 +216,25 @@ using AllConfigs = std::tuple<
     VariantConfigWithEpilogueTile<128, 128, 64, 1, 2, true, 64, 64>,    // 10
     // 11, 12: cuBLAS's tile for the 4096 x 2816 x 1024 forward on an H100 (nvjet 176x128 64x5
     // 1x2, its M being our N): 16 x 32 = 512 tiles, 3.9 waves of 132, where 128-wide tiles make
-    // 5.3. The epilogue tile must divide 176.
+    // 5.3. The epilogue tile must divide 176. A 176-wide WGMMA is one of CUTE's extended shapes
+    // (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, which scripts/gemm_variant_ab.sh defines); without
+    // it CUTLASS's builder falls back to 64x16 WGMMAs, which re-read the A tile 11 times per
+    // k-block and ran at half of cuBLAS's speed (benchmarks/NOTES.md, thirty-third session).
     VariantConfigWithEpilogueTile<128, 176, 64, 2, 1, true, 64, 16>,    // 11
-    VariantConfigWithEpilogueTile<128, 176, 64, 2, 1, false, 128, 16>>;  // 12
+    VariantConfigWithEpilogueTile<128, 176, 64, 2, 1, false, 128, 16>,  // 12
+    // 13-15: the same tile without a cluster, with the cluster along N, and twice as tall
+    // (256x176 cooperative: 16 x 16 = 256 tiles, 1.9 waves of 132).
+    VariantConfigWithEpilogueTile<128, 176, 64, 1, 1, true, 64, 16>,    // 13
+    VariantConfigWithEpilogueTile<128, 176, 64, 1, 2, true, 64, 16>,    // 14
+    VariantConfigWithEpilogueTile<256, 176, 64, 2, 1, false, 128, 16>>;  // 15
 constexpr const char* kLabels[] = {
     "c0 128x256 2x1 coop",        "c3 128x128 1x2 pingpong",      "c14 256x128 1x2 coop",
     "256x128 2x1 coop",           "256x128 1x1 coop",             "256x128 1x2 coop epi128x64",
     "128x256 1x2 coop",           "128x128 2x1 pingpong",         "128x128 1x1 pingpong",
     "128x128 1x2 coop",           "128x128 1x2 pingpong epi64x64",
-    "128x176 2x1 pingpong epi64x16", "128x176 2x1 coop epi128x16"};
+    "128x176 2x1 pingpong epi64x16", "128x176 2x1 coop epi128x16",
+    "128x176 1x1 pingpong epi64x16", "128x176 1x2 pingpong epi64x16",
+    "256x176 2x1 coop epi128x16"};
 static_assert(std::size(kLabels) == std::tuple_size_v<AllConfigs>, "one label per variant");
 static_assert(CUTLASS_NN_VARIANT >= 0 && CUTLASS_NN_VARIANT < std::tuple_size_v<AllConfigs>,
               "gemm_variants.cuh: CUTLASS_NN_VARIANT names no variant");
