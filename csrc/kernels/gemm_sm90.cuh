@@ -203,8 +203,9 @@ struct Sm90TileConfig<14> {
 // with at most 1024 outputs over a few thousand tokens (2-3 waves of 128x128 tiles), where the
 // 1x2 cluster's coupled pipelines (a stage is refilled only when both CTAs released it) cost more
 // than the A-tile multicast saves. Isolated on an H200 (scripts/gemm_variant_ab.sh, NOTES v0.37),
-// us per call against config 3 / 14 / cuBLAS: 4096 x 1024 x 1024 16.4-16.5 vs 16.7-16.9 / 17.3 /
-// 16.0; 4096 x 1024 x 2816 37.3-37.5 vs 38.4-38.6 / 38.7-39.4 / 37.1.
+// us per call against config 3 / 14 / cuBLAS, best of rasters and swizzles: 4096 x 1024 x 1024
+// 16.44 vs 16.69 / 17.28 / 15.97; 4096 x 1024 x 2816 37.33 vs 38.41 / 38.66 / 37.12 (the rule's
+// choices and what they measured: gemm_dispatch.cu, pingpong_without_cluster_takes).
 template <>
 struct Sm90TileConfig<15> : Sm90TileConfig<3> {
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
