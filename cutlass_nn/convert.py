@@ -96,7 +96,8 @@ def convert(
             or gated MLP it recognizes), the converted module is returned (a root cannot be
             replaced in place).
         filter_fn: optional ``filter_fn(qualified_name, module) -> bool``; only modules it
-            accepts are converted. The root's name is ``""``.
+            accepts are converted. The root's name is ``""``. Its answer must be a bool
+            (Python's or NumPy's): any other is a TypeError, and the model is left as it was.
         example_inputs: optional inputs of one training step (a tuple of positional arguments,
             a dict of keyword arguments, or one tensor). When given, the converted model runs
             one forward and backward on them with autotune on (:func:`cutlass_nn.autotune.tune`:
@@ -154,9 +155,9 @@ def convert(
         ``module`` (converted in place), or the new root module.
 
     Raises:
-        TypeError: ``module`` is not an ``nn.Module``, ``filter_fn`` is not callable, a
-            ``fuse_*`` flag is not a bool, or ``fp8_recipe`` is not an ``Fp8Recipe`` (nothing is
-            changed).
+        TypeError: ``module`` is not an ``nn.Module``, ``filter_fn`` is not callable or answers
+            something other than a bool, a ``fuse_*`` flag is not a bool, or ``fp8_recipe`` is
+            not an ``Fp8Recipe`` (nothing is changed).
         ValueError: ``precision`` is not None, ``"none"`` or ``"fp8"``, or ``fp8_recipe`` without
             ``precision="fp8"`` (nothing is changed).
 
@@ -179,6 +180,8 @@ def convert(
             "cutlass_nn.convert: argument 'filter_fn' must be None or a callable "
             f"filter_fn(name, module) -> bool, got {type(filter_fn).__qualname__}"
         )
+    if filter_fn is not None:
+        filter_fn = _strict_filter(filter_fn)
     for name, flag in (("fuse_norm", fuse_norm), ("fuse_mlp", fuse_mlp),
                        ("fuse_head", fuse_head), ("fuse_rope", fuse_rope)):
         _checks.check_bool("convert", name, flag)  # bool("no") would be True
@@ -302,6 +305,23 @@ def convert(
                 stacklevel=2,
             )
     return module
+
+
+def _strict_filter(filter_fn: FilterFn) -> FilterFn:
+    """``filter_fn`` whose answer must be a bool (Python's or NumPy's): a TypeError names any
+    other, where truthiness would convert on ``"no"`` or on a tensor's element."""
+
+    def checked(name: str, layer: nn.Module) -> bool:
+        answer = filter_fn(name, layer)
+        kind = type(answer)
+        if kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
+            return bool(answer)
+        raise TypeError(
+            f"cutlass_nn.convert: filter_fn({name!r}, <{type(layer).__name__}>) must return a "
+            f"bool, got {_checks.given(answer)}"
+        )
+
+    return checked
 
 
 def _convert_in_place(module, replacement, filter_fn, set_child, fuse, fuse_norm, fuse_rope,

@@ -96,8 +96,9 @@ def _check(hidden, weight, target, bias) -> None:
     if weight.dtype != hidden.dtype:
         _fail("weight", f"must have the dtype of 'hidden' ({hidden.dtype}), got {weight.dtype}")
     if weight.device != hidden.device or target.device != hidden.device:
-        bad = "weight" if weight.device != hidden.device else "target"
-        _fail(bad, f"must be on the device of 'hidden' ({hidden.device})")
+        bad, given = (("weight", weight.device) if weight.device != hidden.device
+                      else ("target", target.device))
+        _fail(bad, f"must be on the device of 'hidden' ({hidden.device}), got {given}")
     if target.dtype != torch.int64:
         _fail("target", f"must be an int64 tensor of class indices, got {target.dtype}")
     if tuple(target.shape) != tuple(hidden.shape[:-1]):
@@ -108,9 +109,14 @@ def _check(hidden, weight, target, bias) -> None:
         )
     if bias is not None:
         if not isinstance(bias, Tensor) or bias.shape != (weight.shape[0],):
-            _fail("bias", f"must be None or a tensor of shape [{weight.shape[0]}]")
+            got = list(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
+            _fail("bias", f"must be None or a tensor of shape [{weight.shape[0]}], got {got}")
         if bias.dtype != hidden.dtype or bias.device != hidden.device:
-            _fail("bias", "must have the dtype and device of 'hidden'")
+            _fail(
+                "bias",
+                f"must have the dtype and device of 'hidden' ({hidden.dtype}, {hidden.device}), "
+                f"got {bias.dtype}, {bias.device}",
+            )
 
 
 def _chunk_rows(tokens: int, vocab: int, element_size: int, chunk_size: int | None) -> int:

@@ -121,6 +121,10 @@ class CutlassLinear(nn.Linear):
             the activation, if any, applied after the FP8 GEMM). Parameters keep their dtype and
             the ``state_dict`` is unchanged; ``precision`` and ``fp8_recipe`` are attributes
             shown in the ``repr``.
+
+    ``activation``, ``precision`` and ``fp8_recipe`` may be assigned after construction: each
+    assignment is checked as the constructor checks it (a refused value leaves the layer as it
+    was) and takes effect at the next forward.
         fp8_recipe: with ``precision="fp8"``, a :class:`cutlass_nn.fp8.Fp8Recipe` (default:
             tensorwise scaling, e4m3 gradients).
 
@@ -128,12 +132,50 @@ class CutlassLinear(nn.Linear):
         input ``[*, in_features]`` (empty batches allowed) -> output ``[*, out_features]``.
     """
 
-    #: None or one of "relu", "gelu", "gelu_tanh" (a class default, so that layers pickled
-    #: before the attribute existed still load).
-    activation: str | None = None
-    #: None or "fp8", and the FP8 recipe (class defaults, as for ``activation``).
-    precision: str | None = None
-    fp8_recipe: Fp8Recipe | None = None
+    # activation, precision and fp8_recipe are properties that check what is assigned to them
+    # (a layer's computation must not silently differ from what its attributes say); their
+    # values live in _activation, _precision and _fp8_recipe (see __setstate__ for layers
+    # pickled when they were plain attributes, or before they existed).
+
+    @property
+    def activation(self) -> str | None:
+        """None or one of "relu", "gelu", "gelu_tanh" (``"none"`` is stored as None)."""
+        return self._activation
+
+    @activation.setter
+    def activation(self, value) -> None:
+        self.__dict__["_activation"] = _check_activation("CutlassLinear.activation", value)
+
+    @property
+    def precision(self) -> str | None:
+        """None (the GEMMs in the input's dtype) or "fp8"; assigning "fp8" keeps the layer's
+        recipe or takes the default one, assigning None or "none" drops it."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, value) -> None:
+        keep = self.__dict__.get("_fp8_recipe") if value == "fp8" else None  # None: not set yet
+        recipe = _check_precision("CutlassLinear.precision", value, keep)
+        self.__dict__["_precision"] = None if value == "none" else value
+        self.__dict__["_fp8_recipe"] = recipe
+
+    @property
+    def fp8_recipe(self) -> Fp8Recipe | None:
+        """The :class:`cutlass_nn.fp8.Fp8Recipe` of an FP8 layer (None otherwise; assigning
+        None to an FP8 layer's takes the default recipe)."""
+        return self._fp8_recipe
+
+    @fp8_recipe.setter
+    def fp8_recipe(self, value) -> None:
+        self.__dict__["_fp8_recipe"] = _check_precision(
+            "CutlassLinear.fp8_recipe", self.precision, value
+        )
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        for name in ("activation", "precision", "fp8_recipe"):
+            # pickled when it was a plain attribute, or before it existed (None then)
+            self.__dict__.setdefault("_" + name, self.__dict__.pop(name, None))
 
     def __init__(
         self,
@@ -273,6 +315,8 @@ class RMSNorm(nn.RMSNorm):
     _fallback: str = "torch"
 
     def forward(self, input: Tensor) -> Tensor:
+        if not isinstance(input, Tensor):
+            _checks.check_tensors("RMSNorm.forward", {"input": input})
         weight = self.weight
         if len(self.normalized_shape) == 1 and _norm_fits(input, weight):
             eps = torch.finfo(input.dtype).eps if self.eps is None else self.eps
@@ -610,6 +654,8 @@ class GatedMLP(nn.Module):
         return len(recipes) == 1
 
     def forward(self, input: Tensor) -> Tensor:
+        if not isinstance(input, Tensor):
+            _checks.check_tensors("GatedMLP.forward", {"input": input})
         gate, up, down = self.gate_proj, self.up_proj, self.down_proj
         if self._plain_projections(None):
             fused = _gated_mlp

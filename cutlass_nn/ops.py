@@ -1002,13 +1002,18 @@ def _gate_up_dgrad_fake(grad_gate_up, gate_weight, up_weight):
 # ---------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def force_sm80_kernels(enable: bool = True) -> Iterator[None]:
+def force_sm80_kernels(enable: bool = True) -> contextlib.AbstractContextManager[None]:
     """Within the block, GEMMs use the CUTLASS 2.x (SM80) kernels even on Hopper GPUs.
 
     Process-wide (not per thread); a no-op in the CPU flavor. Not for use inside a
-    ``torch.compile``-d function.
+    ``torch.compile``-d function. ``enable`` must be a bool (TypeError otherwise, raised by the
+    call, before the block).
     """
+    return _force_sm80_kernels(_checks.check_bool("force_sm80_kernels", "enable", enable))
+
+
+@contextlib.contextmanager
+def _force_sm80_kernels(enable: bool) -> Iterator[None]:
     previous = _ops._set_force_sm80(enable)
     try:
         yield
@@ -1016,8 +1021,7 @@ def force_sm80_kernels(enable: bool = True) -> Iterator[None]:
         _ops._set_force_sm80(previous)
 
 
-@contextlib.contextmanager
-def programmatic_launch(enable: bool = True) -> Iterator[None]:
+def programmatic_launch(enable: bool = True) -> contextlib.AbstractContextManager[None]:
     """Within the block, the SM90 GEMMs are (``True``) or are not (``False``) launched with
     programmatic dependent launch (PDL).
 
@@ -1026,9 +1030,15 @@ def programmatic_launch(enable: bool = True) -> Iterator[None]:
     before touching memory: same results, less idle time between the two kernels. On by default
     (``CUTLASS_NN_PDL=0`` turns it off from the start). Process-wide (not per thread); a no-op in
     the CPU flavor. Not for use inside a ``torch.compile``-d function; a captured CUDA graph keeps
-    the setting its launches were captured with.
+    the setting its launches were captured with. ``enable`` must be a bool (TypeError otherwise,
+    raised by the call, before the block: ``"no"`` would be true).
     """
-    previous = _ops._set_programmatic_launch(bool(enable))
+    return _programmatic_launch(_checks.check_bool("programmatic_launch", "enable", enable))
+
+
+@contextlib.contextmanager
+def _programmatic_launch(enable: bool) -> Iterator[None]:
+    previous = _ops._set_programmatic_launch(enable)
     try:
         yield
     finally:

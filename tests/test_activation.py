@@ -500,9 +500,10 @@ def test_module_pickle_and_deepcopy():
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
     assert loaded.activation == "gelu"
-    # a layer pickled before the attribute existed: the class default (None) applies
+    # a layer pickled before the attribute existed: None applies (the attribute's value lives
+    # in _activation since it became a checked property)
     old = cutlass_nn.CutlassLinear(4, 3)
-    del old.__dict__["activation"]
+    del old.__dict__["_activation"]
     assert pickle.loads(pickle.dumps(old)).activation is None
 
 

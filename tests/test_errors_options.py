@@ -10,8 +10,11 @@ truthiness or ``int()`` / ``float()`` would otherwise accept (``"no"``, ``"3.0"`
 ``4.9``, ``True`` as a size); non-float biases of ``fp8.linear``; None (or another non-tensor)
 for a required tensor; integer input to ``rms_norm``; the options of ``linear_cross_entropy`` /
 ``LinearCrossEntropyLoss``; ``convert`` failing midway (the model is left as it was); the
-``activation`` of a ``GatedMLP`` set after construction; and the small helpers (``fp8.eligible``,
-``fused_rotary.is_fused``, ``autotune.load`` / ``save`` / ``report``).
+``activation`` of a ``GatedMLP`` and the ``activation`` / ``precision`` / ``fp8_recipe`` of a
+``CutlassLinear`` set after construction (and such layers pickled before these were properties);
+a ``convert`` filter answering something other than a bool; the kernel switches
+(``programmatic_launch``, ``force_sm80_kernels``) given a non-bool; and the small helpers
+(``fp8.eligible``, ``fused_rotary.is_fused``, ``autotune.load`` / ``save`` / ``report``).
 """
 
 from __future__ import annotations
@@ -265,6 +268,37 @@ OPTION_CASES = [
      TypeError, "cutlass_nn.LinearCrossEntropyLoss: argument 'ignore_index' " + INT64 + "1.5 (float)"),
     ("loss reduction", lambda: cutlass_nn.LinearCrossEntropyLoss(reduction="avg"), ValueError,
      "cutlass_nn.LinearCrossEntropyLoss: argument 'reduction' must be one of 'mean', 'sum', 'none', got 'avg'"),
+    # before: the bias messages did not say what was given
+    ("lce bias shape", lambda: lce(r(3, 8), r(10, 8), torch.tensor([0, 1, 2]), bias=r(8)), ValueError,
+     "cutlass_nn.linear_cross_entropy: argument 'bias' must be None or a tensor of shape [10], got [8]"),
+    ("lce bias not a tensor", lambda: lce(r(3, 8), r(10, 8), torch.tensor([0, 1, 2]), bias=[0.0] * 10),
+     ValueError, "cutlass_nn.linear_cross_entropy: argument 'bias' must be None or a tensor of shape "
+     "[10], got list"),
+    ("lce bias dtype", lambda: lce(r(3, 8), r(10, 8), torch.tensor([0, 1, 2]), bias=r(10).double()),
+     ValueError, "cutlass_nn.linear_cross_entropy: argument 'bias' must have the dtype and device of "
+     "'hidden' (torch.float32, cpu), got torch.float64, cpu"),
+    ("lce target device", lambda: lce(r(3, 8), r(10, 8), torch.empty(3, dtype=torch.long, device="meta")),
+     ValueError, "cutlass_nn.linear_cross_entropy: argument 'target' must be on the device of 'hidden' "
+     "(cpu), got meta"),
+    # the kernel switches: truthiness would turn PDL on for "no" (before: accepted)
+    ("programmatic_launch str", lambda: cutlass_nn.ops.programmatic_launch("no"), TypeError,
+     "cutlass_nn.programmatic_launch: argument 'enable' " + BOOL + "'no' (str)"),
+    ("force_sm80_kernels int", lambda: cutlass_nn.ops.force_sm80_kernels(0), TypeError,
+     "cutlass_nn.force_sm80_kernels: argument 'enable' " + BOOL + "0 (int)"),
+    # CutlassLinear's attributes, set after construction (before: stored unchecked, "bogus"
+    # included, and a recipe on a layer without FP8)
+    ("CutlassLinear.precision", lambda: setattr(cutlass_nn.CutlassLinear(4, 4), "precision", "bf16"),
+     ValueError, "cutlass_nn.CutlassLinear.precision: argument 'precision' must be None, \"none\" or "
+     "\"fp8\", got 'bf16'"),
+    ("CutlassLinear.fp8_recipe", lambda: setattr(cutlass_nn.CutlassLinear(4, 4), "fp8_recipe",
+                                                 fp8.Fp8Recipe()),
+     ValueError, "cutlass_nn.CutlassLinear.fp8_recipe: argument 'fp8_recipe' needs precision=\"fp8\""),
+    ("CutlassLinear.fp8_recipe type", lambda: setattr(cutlass_nn.CutlassLinear(4, 4, precision="fp8"),
+                                                      "fp8_recipe", "rowwise"),
+     TypeError, "cutlass_nn.CutlassLinear.fp8_recipe: argument 'fp8_recipe' must be None or a "
+     "cutlass_nn.fp8.Fp8Recipe, got str"),
+    ("CutlassLinear.activation", lambda: setattr(cutlass_nn.CutlassLinear(4, 4), "activation", "tanh"),
+     ValueError, "cutlass_nn.CutlassLinear.activation: argument 'activation' must be None or one of"),
     # 5. fp8 biases of a non-float dtype
     ("fp8.linear bool bias", lambda: fp8.linear(r(4, 16), r(8, 16), torch.ones(8, dtype=torch.bool)),
      TypeError, "cutlass_nn.fp8.linear: argument 'bias' must be None or a floating tensor (float16, "
@@ -369,6 +403,12 @@ TENSOR_CASES = [
     ("gated_act", lambda: F.gated_act(None), "cutlass_nn.gated_act: argument 'gate_up' " + TENSOR + "NoneType"),
     ("bias_grad", lambda: cutlass_nn.ops.bias_grad(None),
      "cutlass_nn.bias_grad: argument 'grad_output' " + TENSOR + "NoneType"),
+    # before: an AttributeError ('NoneType' object has no attribute 'dtype')
+    ("RMSNorm", lambda: cutlass_nn.RMSNorm(4)(None),
+     "cutlass_nn.RMSNorm.forward: argument 'input' " + TENSOR + "NoneType"),
+    # before: "must have a floating dtype ..., got UNKNOWN_SCALAR"
+    ("GatedMLP", lambda: cutlass_nn.GatedMLP(8, 16)(None),
+     "cutlass_nn.GatedMLP.forward: argument 'input' " + TENSOR + "NoneType"),
 ]
 
 
@@ -460,6 +500,78 @@ def test_convert_with_a_raising_filter_leaves_the_model_unchanged():
         cutlass_nn.convert(model, filter_fn=filter_fn)
     assert _modules_and_forwards(model) == before
     assert all(type(m) is not cutlass_nn.CutlassLinear for m in model.modules())
+
+
+@pytest.mark.parametrize("answer", ["no", 1, None, torch.tensor(True)], ids=repr)
+def test_convert_with_a_filter_answering_no_bool_leaves_the_model_unchanged(answer):
+    """Before: the answer was read by truthiness ("no" converted the layer)."""
+    model = _small_model()
+    before = _modules_and_forwards(model)
+    with pytest.raises(TypeError, match="^" + E("cutlass_nn.convert: filter_fn(") + ".*"
+                       + E(") must return a bool, got ")):
+        cutlass_nn.convert(model, filter_fn=lambda name, module: answer)
+    assert _modules_and_forwards(model) == before
+
+
+def test_convert_accepts_numpy_bools_from_the_filter():
+    np = pytest.importorskip("numpy")
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    cutlass_nn.convert(model, filter_fn=lambda name, module: np.bool_(name == "1"))
+    assert type(model[0]) is nn.Linear and type(model[1]) is cutlass_nn.CutlassLinear
+
+
+def test_refused_kernel_switches_change_nothing():
+    before = (cutlass_nn.ops.programmatic_launch_enabled(),)
+    with pytest.raises(TypeError):
+        with cutlass_nn.ops.programmatic_launch("no"):
+            pytest.fail("the block ran")
+    with pytest.raises(TypeError):
+        with cutlass_nn.ops.force_sm80_kernels("yes"):
+            pytest.fail("the block ran")
+    assert (cutlass_nn.ops.programmatic_launch_enabled(),) == before
+    with cutlass_nn.ops.programmatic_launch(False), cutlass_nn.ops.force_sm80_kernels(True):
+        pass
+
+
+def test_cutlass_linear_attributes_set_after_construction_take_effect():
+    """Before: precision was a plain attribute, and a value set after construction was stored
+    unchecked; now it is checked, and a refused value leaves the layer as it was."""
+    layer = cutlass_nn.CutlassLinear(16, 8)
+    with pytest.raises(ValueError):
+        layer.precision = "bogus"
+    assert layer.precision is None and layer.fp8_recipe is None
+    x = r(4, 16)
+    layer.precision = "fp8"
+    assert layer.fp8_recipe == fp8.Fp8Recipe()
+    torch.testing.assert_close(layer(x), fp8.linear(x, layer.weight, layer.bias))
+    rowwise = fp8.Fp8Recipe(scaling="rowwise")
+    layer.fp8_recipe = rowwise
+    layer.precision = "fp8"  # again: keeps the recipe
+    assert layer.fp8_recipe == rowwise
+    torch.testing.assert_close(layer(x), fp8.linear(x, layer.weight, layer.bias, rowwise))
+    layer.precision = "none"
+    assert layer.precision is None and layer.fp8_recipe is None
+    torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.weight, layer.bias))
+    layer.activation = "relu"
+    torch.testing.assert_close(layer(x), torch.relu(nn.functional.linear(x, layer.weight, layer.bias)))
+    assert "activation='relu'" in repr(layer)
+
+
+@pytest.mark.parametrize("had_attributes", [True, False], ids=["plain attributes", "before them"])
+def test_cutlass_linear_pickled_before_the_properties_loads(had_attributes):
+    layer = cutlass_nn.CutlassLinear(8, 8, activation="gelu", precision="fp8")
+    state = dict(layer.__dict__)
+    for name in ("activation", "precision", "fp8_recipe"):
+        value = state.pop("_" + name)
+        if had_attributes:
+            state[name] = value  # as pickled when these were plain attributes
+    old = cutlass_nn.CutlassLinear.__new__(cutlass_nn.CutlassLinear)
+    old.__setstate__(state)
+    if had_attributes:
+        assert (old.activation, old.precision, old.fp8_recipe) == ("gelu", "fp8", fp8.Fp8Recipe())
+    else:
+        assert (old.activation, old.precision, old.fp8_recipe) == (None, None, None)
+    assert old(r(2, 8)).shape == (2, 8)
 
 
 def test_convert_of_a_transformers_model_undoes_its_fusions(empty_autotune_table):
