@@ -9,7 +9,7 @@
 # e.g. bash scripts/gemm_variant_ab.sh /tmp/cutlass_site/cutlass_library/source/include \
 #          4096x2816x1024:tn 4096x4096x1024:nn
 # Environment: CUDA_HOME (default /usr/local/cuda), VARIANTS (the variant numbers to build,
-# default all: "0 1 ... 15"), MAX_JOBS (parallel nvcc jobs, default nproc), ROUNDS,
+# default all: "0 1 ... 17"), MAX_JOBS (parallel nvcc jobs, default nproc), ROUNDS,
 # SAMPLES, ITERS, RASTERS (0 CUTLASS's heuristic, 1 along M, 2 along N; default "0"), SWIZZLES
 # (default "1"; the rule runs config 14 with a swizzle of 2 at many shapes: pass "1 2" to
 # compare with it), BUILD_DIR (default: a temporary folder, removed at the end), CUBLAS_HOME (a
@@ -71,7 +71,7 @@ else
   build=$(mktemp -d)
   trap 'rm -rf "$build"' EXIT
 fi
-variants=${VARIANTS:-"$(seq -s " " 0 15)"}
+variants=${VARIANTS:-"$(seq -s " " 0 17)"}
 jobs=${MAX_JOBS:-$(nproc)}
 t0=$(date +%s)
 objects=()

@@ -497,7 +497,8 @@ TRANSFORMER_RULE_CASES = [
     # v0.36: config 3 in config 14's place for the forward and dgrad layouts with 256 < K <= 1024
     ("linear_dgrad", (4096, 1024, 1024), 3),  # dgrad GEMM 4096 x 1024 x 1024
     # v0.37: config 15 (config 3 without a cluster) for the forward layout of outputs at most
-    # 1024 wide over 1.5-3 waves of 128x128 tiles with 256 < K <= 3072
+    # 1024 wide over 1.5-3 waves of 128x128 tiles with 256 < K <= 3072 (within config 14's gate:
+    # N = 1024 over 3073-4096 tokens)
     ("linear", (4096, 1024, 1024), 15),
     ("linear", (4096, 1024, 2816), 15),  # in place of config 14
     ("linear", (8192, 1024, 1024), 3),  # 512 tiles: more than 3 waves

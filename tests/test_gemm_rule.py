@@ -168,6 +168,10 @@ RULE_CASES = {
     ("fwd", 4096, 1024, 3080): (14, 2, 0, False),  # K > 3072: not measured, config 14
     ("fwd", 4096, 1024, 256): (14, 2, 0, False),  # K <= 256: the short-K branch, unchanged
     ("fwd", 8192, 1024, 1024): (3, 0, 0, False),  # 512 tiles: more than 3 waves
+    ("fwd", 3200, 1024, 1024): (15, 0, 0, False),  # 200 tiles: just over 1.5 waves
+    ("fwd", 3072, 1024, 1024): (7, 0, 0, True),  # 192 tiles: under 1.5 waves, transposed as before
+    ("fwd", 6144, 1024, 1024): (0, 0, 0, False),  # config 14's gate refuses it (73% full waves)
+    ("wgrad", 4096, 1024, 1024): (14, 2, 0, False),  # the forward layout only
     # v0.32: over more than a wave with 256 < K <= 1024, config 14 only where its
     # waves are 80% full (4096 x 2304 x 768: 288 tiles, 73%: config 3, 0.900 vs 0.784 on the
     # H100, 0.940 vs 0.794 on the H200)
@@ -274,11 +278,11 @@ def test_float32_output_weight_gradient_keeps_ping_pong(harness):
 
 
 def test_float32_output_never_gets_the_16bit_only_configurations(harness):
-    # configurations 1 and 10-14 have kernels with the input dtype out only
+    # configurations 1 and 10-15 have kernels with the input dtype out only
     for m, n, k in [(256, 1024, 4096), (256, 1024, 512), (1024, 2816, 4096), (3072, 768, 512),
                     (768, 768, 4096), (1024, 1024, 4096), (3072, 1024, 4096), (2816, 1024, 4096)]:
         got = plan(harness, "wgrad", m, n, k, out_f32=True)
-        assert got.config not in (1, 10, 11, 12, 13, 14) and "bf16_f32_nt" in got.kernel, (
+        assert got.config not in (1, 10, 11, 12, 13, 14, 15) and "bf16_f32_nt" in got.kernel, (
             m, n, k, got)
     # v0.30's clause (config 1 for 2816 x 1024 over 4096 tokens) is for 16-bit outputs: a float32
     # one keeps the stream-K it had

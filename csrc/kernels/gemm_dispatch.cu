@@ -303,17 +303,20 @@ bool pingpong_replaces_tile256x128(const GemmParams& p) {
   return !wgrad_layout && p.k > 256 && p.k <= 1024;
 }
 // Whether a problem that config 14 takes runs on config 15 (config 3's ping-pong tile without a
-// cluster) instead (v0.37): the forward layout of an output at most 8 tiles of 128 wide (N <=
-// 1024, at least 1024 by tile256x128_takes) over 1.5-3 waves of 128x128 tiles, with 256 < K <=
-// 3072. Isolated on an H200 (scripts/gemm_variant_ab.sh, 3 interleaved rounds, operands rotated
+// cluster) instead (v0.37): the forward layout of an output at most 8 tiles of 128 wide over
+// 1.5-3 waves of 128x128 tiles, with 256 < K <= 3072. Inside tile256x128_takes (N >= 1024, and
+// at most one wave of 256x128 tiles for K > 1024, 80% full waves for K <= 1024) that is N = 1024
+// with 3072 < M <= 4096 (1.5-1.94 waves); 4096 x 1024 is the shape measured. Isolated on an H200 (scripts/gemm_variant_ab.sh, 3 interleaved rounds, operands rotated
 // over twice the L2: benchmarks/results/variant_ab_nvidia-h200_20261129-033207.txt), us per call
 // at the rule's raster and swizzle, config 15 / 3 / 14 (swizzle 2) / cuBLAS: 4096 x 1024 x 1024
 // (256 tiles) 16.49 / 16.82 / 17.28 / 15.97; 4096 x 1024 x 2816 38.83 / 38.46 / 39.11 / 37.12
-// (config 15 with a swizzle of 2 or another raster: 37.3-37.5). Inside compiled training steps
-// the two 128x128 tiles tied on these forwards (llama-host / gpt-host, forced: 15.7 / 15.7 us and
-// 33.1 / 33.2; results/step_sweep_nvidia-h200_20261129-035925 / -040225.json), while config 15
-// ran the 4096 x 1024 x 1024 dgrad 1.3-2% faster (15.0 vs 15.2-15.3), a layout this clause does
-// not take yet (not measured isolated). Fewer or more tiles and longer K keep the choices above.
+// (config 15 at the other raster / swizzle settings: 37.3-37.5, and 39.4 with raster 2 and
+// swizzle 2); a second run (variant_ab_...-041314.txt) had config 15 ahead at the rule's settings,
+// 35.47 vs 36.23. Inside compiled training steps the two 128x128 tiles tied on these forwards
+// (forced 15 / 3: 4096 x 1024 x 1024 15.7 / 15.7 us in llama-host and gpt-host, 4096 x 1024 x
+// 2816 33.1 / 33.2 in llama-host; results/step_sweep_nvidia-h200_20261129-035925 / -040225.json),
+// while config 15 ran the 4096 x 1024 x 1024 dgrad 1.1-1.6% faster (15.0 vs 15.2-15.3), a layout
+// this clause does not take yet. Other shapes keep the choices above.
 bool pingpong_without_cluster_takes(const GemmParams& p, int64_t sms) {
   const bool forward_layout = p.layout_a == Layout::kRowMajor && p.layout_b == Layout::kColumnMajor;
   const int64_t tiles128 = ceil_div(p.m, 128) * ceil_div(p.n, 128);
@@ -567,7 +570,7 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     mixed (config 14 ahead by up to 2% on the larger shapes); the step is what users run.
 //   * v0.37: config 15 (config 3 without a cluster) in config 14's or 3's place for the forward
 //     layout of outputs at most 1024 wide over 1.5-3 waves of 128x128 tiles with 256 < K <= 3072
-//     (pingpong_without_cluster_takes): isolated on an H200 2% faster than config 3 at 4096 x
+//     (pingpong_without_cluster_takes; within config 14's gate: N = 1024, 3073-4096 rows): isolated on an H200 2% faster than config 3 at 4096 x
 //     1024 x 1024 (16.49 vs 16.82 us), 1% slower at 4096 x 1024 x 2816 (38.83 vs 38.46; config
 //     14, v0.36's choice there, 39.11); tied with config 3 inside compiled steps.
 namespace {

@@ -200,7 +200,7 @@ struct Sm90TileConfig<14> {
 };
 
 // 15: config 3's 128x128 ping-pong tile without a cluster (v0.37): the forward GEMM of a layer
-// with at most 1024 outputs over a few thousand tokens (2-3 waves of 128x128 tiles), where the
+// with 1024 outputs over 3073-4096 tokens (1.5-1.94 waves of 128x128 tiles), where the
 // 1x2 cluster's coupled pipelines (a stage is refilled only when both CTAs released it) cost more
 // than the A-tile multicast saves. Isolated on an H200 (scripts/gemm_variant_ab.sh, NOTES v0.37),
 // us per call against config 3 / 14 / cuBLAS, best of rasters and swizzles: 4096 x 1024 x 1024

@@ -226,7 +226,12 @@ using AllConfigs = std::tuple<
     // (256x176 cooperative: 16 x 16 = 256 tiles, 1.9 waves of 132).
     VariantConfigWithEpilogueTile<128, 176, 64, 1, 1, true, 64, 16>,    // 13
     VariantConfigWithEpilogueTile<128, 176, 64, 1, 2, true, 64, 16>,    // 14
-    VariantConfigWithEpilogueTile<256, 176, 64, 2, 1, false, 128, 16>>;  // 15
+    VariantConfigWithEpilogueTile<256, 176, 64, 2, 1, false, 128, 16>,  // 15
+    // 16, 17: 128-deep k-blocks on the 128x128 ping-pong tile (config 15 / config 3): half the
+    // pipeline's barrier round trips per tile on a K = 1024 mainloop (8 k-blocks instead of 16),
+    // 64 KiB per stage (3 stages).
+    VariantConfig<128, 128, 128, 1, 1, true>,                            // 16
+    VariantConfig<128, 128, 128, 1, 2, true>>;                           // 17
 constexpr const char* kLabels[] = {
     "c0 128x256 2x1 coop",        "c3 128x128 1x2 pingpong",      "c14 256x128 1x2 coop",
     "256x128 2x1 coop",           "256x128 1x1 coop",             "256x128 1x2 coop epi128x64",
@@ -234,7 +239,8 @@ constexpr const char* kLabels[] = {
     "128x128 1x2 coop",           "128x128 1x2 pingpong epi64x64",
     "128x176 2x1 pingpong epi64x16", "128x176 2x1 coop epi128x16",
     "128x176 1x1 pingpong epi64x16", "128x176 1x2 pingpong epi64x16",
-    "256x176 2x1 coop epi128x16"};
+    "256x176 2x1 coop epi128x16",
+    "128x128x128 1x1 pingpong",    "128x128x128 1x2 pingpong"};
 static_assert(std::size(kLabels) == std::tuple_size_v<AllConfigs>, "one label per variant");
 static_assert(CUTLASS_NN_VARIANT >= 0 && CUTLASS_NN_VARIANT < std::tuple_size_v<AllConfigs>,
               "gemm_variants.cuh: CUTLASS_NN_VARIANT names no variant");
