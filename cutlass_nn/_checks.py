@@ -23,9 +23,13 @@ INT64_TEXT = "an int in [-2^63, 2^63)"
 def given(value) -> str:
     """A wrong value as a message shows it: scalars and strings with their repr and type (so
     that ``'False'`` is told from ``False``), anything else by its type."""
+    kind = type(value)
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
-        return f"{value!r} ({type(value).__name__})"
-    return type(value).__qualname__
+        return f"{value!r} ({kind.__name__})"
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):
+        # NumPy's bool prints as True / False and is named "bool": say whose it is
+        return f"{value!r} (numpy.{kind.__name__})"
+    return kind.__qualname__
 
 
 def fail(exc: type[Exception], where: str, name: str, expected: str, got: str) -> Exception:

@@ -317,8 +317,8 @@ def _strict_filter(filter_fn: FilterFn) -> FilterFn:
         if kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
             return bool(answer)
         raise TypeError(
-            f"cutlass_nn.convert: filter_fn({name!r}, <{type(layer).__name__}>) must return a "
-            f"bool, got {_checks.given(answer)}"
+            f"cutlass_nn.convert: argument 'filter_fn' must return a bool (True or False), got "
+            f"{_checks.given(answer)} for ({name!r}, {type(layer).__name__})"
         )
 
     return checked

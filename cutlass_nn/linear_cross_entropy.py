@@ -108,9 +108,14 @@ def _check(hidden, weight, target, bias) -> None:
             f"{list(target.shape)}",
         )
     if bias is not None:
-        if not isinstance(bias, Tensor) or bias.shape != (weight.shape[0],):
-            got = list(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
-            _fail("bias", f"must be None or a tensor of shape [{weight.shape[0]}], got {got}")
+        if not isinstance(bias, Tensor):
+            raise TypeError(
+                f"cutlass_nn.linear_cross_entropy: argument 'bias' must be None or a Tensor, got "
+                f"{type(bias).__name__}"
+            )
+        if bias.shape != (weight.shape[0],):
+            _fail("bias", f"must be None or a tensor of shape [{weight.shape[0]}], got "
+                          f"{list(bias.shape)}")
         if bias.dtype != hidden.dtype or bias.device != hidden.device:
             _fail(
                 "bias",

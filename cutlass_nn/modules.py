@@ -61,7 +61,8 @@ def _check_precision(where: str, precision, recipe) -> Fp8Recipe | None:
     if precision != "fp8":
         if recipe is not None:
             raise ValueError(
-                f"cutlass_nn.{where}: argument 'fp8_recipe' needs precision=\"fp8\""
+                f"cutlass_nn.{where}: argument 'fp8_recipe' needs precision=\"fp8\", got "
+                f"precision={precision!r}"
             )
         return None
     return recipe if recipe is not None else Fp8Recipe()
@@ -121,21 +122,26 @@ class CutlassLinear(nn.Linear):
             the activation, if any, applied after the FP8 GEMM). Parameters keep their dtype and
             the ``state_dict`` is unchanged; ``precision`` and ``fp8_recipe`` are attributes
             shown in the ``repr``.
-
-    ``activation``, ``precision`` and ``fp8_recipe`` may be assigned after construction: each
-    assignment is checked as the constructor checks it (a refused value leaves the layer as it
-    was) and takes effect at the next forward.
         fp8_recipe: with ``precision="fp8"``, a :class:`cutlass_nn.fp8.Fp8Recipe` (default:
             tensorwise scaling, e4m3 gradients).
 
     Shape:
         input ``[*, in_features]`` (empty batches allowed) -> output ``[*, out_features]``.
+
+    ``activation``, ``precision`` and ``fp8_recipe`` may be assigned after construction: each
+    assignment is checked as the constructor checks it (a refused value leaves the layer as it
+    was) and takes effect at the next forward; assigning ``precision = "fp8"`` keeps the layer's
+    recipe (or takes the default one).
     """
 
     # activation, precision and fp8_recipe are properties that check what is assigned to them
     # (a layer's computation must not silently differ from what its attributes say); their
-    # values live in _activation, _precision and _fp8_recipe (see __setstate__ for layers
-    # pickled when they were plain attributes, or before they existed).
+    # values live in _activation, _precision and _fp8_recipe, whose class defaults serve layers
+    # pickled before the attributes existed (and see __setstate__ for those pickled when they
+    # were plain attributes).
+    _activation: str | None = None
+    _precision: str | None = None
+    _fp8_recipe: Fp8Recipe | None = None
 
     @property
     def activation(self) -> str | None:
@@ -174,8 +180,8 @@ class CutlassLinear(nn.Linear):
     def __setstate__(self, state) -> None:
         super().__setstate__(state)
         for name in ("activation", "precision", "fp8_recipe"):
-            # pickled when it was a plain attribute, or before it existed (None then)
-            self.__dict__.setdefault("_" + name, self.__dict__.pop(name, None))
+            if name in self.__dict__:  # pickled when it was a plain attribute
+                self.__dict__["_" + name] = self.__dict__.pop(name)
 
     def __init__(
         self,

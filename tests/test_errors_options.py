@@ -272,8 +272,7 @@ OPTION_CASES = [
     ("lce bias shape", lambda: lce(r(3, 8), r(10, 8), torch.tensor([0, 1, 2]), bias=r(8)), ValueError,
      "cutlass_nn.linear_cross_entropy: argument 'bias' must be None or a tensor of shape [10], got [8]"),
     ("lce bias not a tensor", lambda: lce(r(3, 8), r(10, 8), torch.tensor([0, 1, 2]), bias=[0.0] * 10),
-     ValueError, "cutlass_nn.linear_cross_entropy: argument 'bias' must be None or a tensor of shape "
-     "[10], got list"),
+     TypeError, "cutlass_nn.linear_cross_entropy: argument 'bias' must be None or a Tensor, got list"),
     ("lce bias dtype", lambda: lce(r(3, 8), r(10, 8), torch.tensor([0, 1, 2]), bias=r(10).double()),
      ValueError, "cutlass_nn.linear_cross_entropy: argument 'bias' must have the dtype and device of "
      "'hidden' (torch.float32, cpu), got torch.float64, cpu"),
@@ -292,7 +291,8 @@ OPTION_CASES = [
      "\"fp8\", got 'bf16'"),
     ("CutlassLinear.fp8_recipe", lambda: setattr(cutlass_nn.CutlassLinear(4, 4), "fp8_recipe",
                                                  fp8.Fp8Recipe()),
-     ValueError, "cutlass_nn.CutlassLinear.fp8_recipe: argument 'fp8_recipe' needs precision=\"fp8\""),
+     ValueError, "cutlass_nn.CutlassLinear.fp8_recipe: argument 'fp8_recipe' needs precision=\"fp8\", "
+     "got precision=None"),
     ("CutlassLinear.fp8_recipe type", lambda: setattr(cutlass_nn.CutlassLinear(4, 4, precision="fp8"),
                                                       "fp8_recipe", "rowwise"),
      TypeError, "cutlass_nn.CutlassLinear.fp8_recipe: argument 'fp8_recipe' must be None or a "
@@ -507,8 +507,8 @@ def test_convert_with_a_filter_answering_no_bool_leaves_the_model_unchanged(answ
     """Before: the answer was read by truthiness ("no" converted the layer)."""
     model = _small_model()
     before = _modules_and_forwards(model)
-    with pytest.raises(TypeError, match="^" + E("cutlass_nn.convert: filter_fn(") + ".*"
-                       + E(") must return a bool, got ")):
+    with pytest.raises(TypeError, match="^" + E("cutlass_nn.convert: argument 'filter_fn' must "
+                                                 "return a bool (True or False), got ")):
         cutlass_nn.convert(model, filter_fn=lambda name, module: answer)
     assert _modules_and_forwards(model) == before
 
@@ -518,6 +518,12 @@ def test_convert_accepts_numpy_bools_from_the_filter():
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     cutlass_nn.convert(model, filter_fn=lambda name, module: np.bool_(name == "1"))
     assert type(model[0]) is nn.Linear and type(model[1]) is cutlass_nn.CutlassLinear
+
+
+def test_numpy_bools_are_named_as_such():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match=E("argument 'enable' " + BOOL) + r".*\(numpy\.bool_?\)$"):
+        cutlass_nn.ops.programmatic_launch(np.bool_(True))
 
 
 def test_refused_kernel_switches_change_nothing():
@@ -549,12 +555,32 @@ def test_cutlass_linear_attributes_set_after_construction_take_effect():
     layer.precision = "fp8"  # again: keeps the recipe
     assert layer.fp8_recipe == rowwise
     torch.testing.assert_close(layer(x), fp8.linear(x, layer.weight, layer.bias, rowwise))
+    with pytest.raises(ValueError):
+        layer.precision = "fp16"
+    assert layer.precision == "fp8" and layer.fp8_recipe == rowwise  # a refusal keeps the recipe
     layer.precision = "none"
     assert layer.precision is None and layer.fp8_recipe is None
     torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.weight, layer.bias))
     layer.activation = "relu"
     torch.testing.assert_close(layer(x), torch.relu(nn.functional.linear(x, layer.weight, layer.bias)))
     assert "activation='relu'" in repr(layer)
+    layer.activation = "none"
+    assert layer.activation is None
+
+
+def test_cutlass_linear_compiled_follows_an_assigned_activation():
+    layer = cutlass_nn.CutlassLinear(16, 8)
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    x = r(4, 16)
+    torch.testing.assert_close(compiled(x), nn.functional.linear(x, layer.weight, layer.bias))
+    layer.activation = "relu"
+    torch.testing.assert_close(compiled(x), torch.relu(nn.functional.linear(x, layer.weight, layer.bias)))
+
+
+def test_an_nn_linear_retyped_as_cutlass_linear_reads_the_defaults():
+    layer = nn.Linear(4, 4)
+    layer.__class__ = cutlass_nn.CutlassLinear
+    assert (layer.activation, layer.precision, layer.fp8_recipe) == (None, None, None)
 
 
 @pytest.mark.parametrize("had_attributes", [True, False], ids=["plain attributes", "before them"])
