@@ -20,13 +20,20 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT64_TEXT = "an int in [-2^63, 2^63)"
 
 
+def is_numpy_bool(value) -> bool:
+    """Whether ``value`` is NumPy's bool scalar (``numpy.bool_``, named ``numpy.bool`` from NumPy
+    2), told by its type's module and name so that NumPy need not be imported."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
+
+
 def given(value) -> str:
     """A wrong value as a message shows it: scalars and strings with their repr and type (so
     that ``'False'`` is told from ``False``), anything else by its type."""
     kind = type(value)
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
         return f"{value!r} ({kind.__name__})"
-    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):
+    if is_numpy_bool(value):
         # NumPy's bool prints as True / False and is named "bool": say whose it is
         return f"{value!r} (numpy.{kind.__name__})"
     return kind.__qualname__

@@ -313,8 +313,7 @@ def _strict_filter(filter_fn: FilterFn) -> FilterFn:
 
     def checked(name: str, layer: nn.Module) -> bool:
         answer = filter_fn(name, layer)
-        kind = type(answer)
-        if kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
+        if type(answer) is bool or _checks.is_numpy_bool(answer):
             return bool(answer)
         raise TypeError(
             f"cutlass_nn.convert: argument 'filter_fn' must return a bool (True or False), got "
