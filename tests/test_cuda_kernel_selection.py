@@ -495,13 +495,18 @@ TRANSFORMER_RULE_CASES = [
     ("linear_wgrad", (4096, 1024, 1024), 13),  # 1024 rows over 4096 tokens: 128 tiles of 64x128
     ("linear", (4096, 1024, 4096), 14),  # 128 tiles of 256x128 over K = 4096
     # v0.36: config 3 in config 14's place for the forward and dgrad layouts with 256 < K <= 1024
-    ("linear_dgrad", (4096, 1024, 1024), 3),  # dgrad GEMM 4096 x 1024 x 1024
+    ("linear_dgrad", (4096, 1024, 2816), 3),  # dgrad GEMM 4096 x 2816 x 1024
     # v0.37: config 15 (config 3 without a cluster) for the forward layout of outputs at most
     # 1024 wide over 1.5-3 waves of 128x128 tiles with 256 < K <= 3072 (within config 14's gate:
     # N = 1024 over 3073-4096 tokens)
     ("linear", (4096, 1024, 1024), 15),
     ("linear", (4096, 1024, 2816), 15),  # in place of config 14
     ("linear", (8192, 1024, 1024), 3),  # 512 tiles: more than 3 waves
+    # v0.38: config 15 for the dgrad layout of the same domain (was config 3 at K <= 1024, config
+    # 14 above)
+    ("linear_dgrad", (4096, 1024, 1024), 15),  # dgrad GEMM 4096 x 1024 x 1024
+    ("linear_dgrad", (4096, 2816, 1024), 15),  # dgrad GEMM 4096 x 1024 x 2816
+    ("linear_dgrad", (8192, 1024, 1024), 3),  # 512 tiles: more than 3 waves
     ("linear_dgrad", (4096, 1024, 4096), 3),  # dgrad GEMM 4096 x 4096 x 1024
     ("linear", (4096, 2816, 1024), 3),
     ("linear_dgrad", (4096, 256, 1024), 14),  # dgrad GEMM 4096 x 1024 x 256

@@ -143,18 +143,16 @@ RULE_CASES = {
     # config 14, 256x128 tiles, swizzle 2 (v0.22): up to a wave with K <= 4096, four with K <= 1024
     ("dgrad", 4096, 1024, 256): (14, 2, 0, False),
     ("fwd", 4096, 1024, 4096): (14, 2, 0, False),
-    ("dgrad", 4096, 1024, 2816): (14, 2, 0, False),
+    ("dgrad", 4096, 1024, 4096): (14, 2, 0, False),
     ("wgrad", 1024, 4096, 4096): (14, 2, 0, False),
     ("wgrad", 3072, 1024, 4096): (14, 2, 0, False),
     ("wgrad", 4096, 4096, 1024): (14, 2, 0, False),  # 512 tiles
     # v0.36: config 3 in config 14's place for the forward and dgrad layouts with 256 < K <= 1024
     # (inside compiled H200 steps: 4096 x 4096 x 1024 forward 46.5 vs 51.5 us, dgrad 46.5 vs
     # 51.2; 4096 x 2816 x 1024 37.5 vs 39.9; 4096 x 1024 x 1024 15.6 vs 16.2)
-    ("dgrad", 4096, 1024, 1024): (3, 0, 0, False),
     ("fwd", 4096, 4096, 1024): (3, 0, 0, False),
     ("dgrad", 4096, 4096, 1024): (3, 0, 0, False),
     ("fwd", 4096, 3072, 1024): (3, 0, 0, False),
-    ("dgrad", 4096, 1024, 1032): (14, 2, 0, False),  # K > 1024: config 14 as before
     # v0.37: config 15 (config 3 without a cluster) for the forward layout of outputs at most
     # 8 tiles of 128 wide over 1.5-3 waves of 128x128 tiles, 256 < K <= 3072 (isolated, H200:
     # 4096 x 1024 x 1024 16.49 us vs 16.82 on config 3; 4096 x 1024 x 2816 38.83 vs 38.46 on
@@ -171,7 +169,18 @@ RULE_CASES = {
     ("fwd", 3200, 1024, 1024): (15, 0, 0, False),  # 200 tiles: just over 1.5 waves
     ("fwd", 3072, 1024, 1024): (7, 0, 0, True),  # 192 tiles: under 1.5 waves, transposed as before
     ("fwd", 6144, 1024, 1024): (0, 0, 0, False),  # config 14's gate refuses it (73% full waves)
-    ("wgrad", 4096, 1024, 1024): (14, 2, 0, False),  # the forward layout only
+    ("wgrad", 4096, 1024, 1024): (14, 2, 0, False),  # the forward and dgrad layouts only
+    # v0.38: config 15 for the dgrad layout of the same domain (isolated, H200: 4096 x 1024 x
+    # 1024 16.2 vs 16.3-16.4 us on config 3; inside compiled llama-host steps 15.0 vs 15.2, and
+    # 4096 x 1024 x 2816 33.4 vs 33.7 on config 14)
+    ("dgrad", 4096, 1024, 1024): (15, 0, 0, False),  # was config 3 (v0.36)
+    ("dgrad", 4096, 1024, 264): (15, 0, 0, False),
+    ("dgrad", 4096, 1024, 1032): (15, 0, 0, False),  # was config 14
+    ("dgrad", 4096, 1024, 2816): (15, 0, 0, False),  # was config 14
+    ("dgrad", 4096, 1024, 3072): (15, 0, 0, False),
+    ("dgrad", 4096, 1024, 3080): (14, 2, 0, False),  # K > 3072: config 14 as before
+    ("dgrad", 3200, 1024, 1024): (15, 0, 0, False),  # just over 1.5 waves
+    ("dgrad", 8192, 1024, 1024): (3, 0, 0, False),  # 512 tiles: more than 3 waves, config 3
     # v0.32: over more than a wave with 256 < K <= 1024, config 14 only where its
     # waves are 80% full (4096 x 2304 x 768: 288 tiles, 73%: config 3, 0.900 vs 0.784 on the
     # H100, 0.940 vs 0.794 on the H200)

@@ -315,13 +315,20 @@ bool pingpong_replaces_tile256x128(const GemmParams& p) {
 // 35.47 vs 36.23. Inside compiled training steps the two 128x128 tiles tied on these forwards
 // (forced 15 / 3: 4096 x 1024 x 1024 15.7 / 15.7 us in llama-host and gpt-host, 4096 x 1024 x
 // 2816 33.1 / 33.2 in llama-host; results/step_sweep_nvidia-h200_20261129-035925 / -040225.json),
-// while config 15 ran the 4096 x 1024 x 1024 dgrad 1.1-1.6% faster (15.0 vs 15.2-15.3), a layout
-// this clause does not take yet. Other shapes keep the choices above.
+// while config 15 ran the 4096 x 1024 x 1024 dgrad 1.1-1.6% faster (15.0 vs 15.2-15.3).
+// v0.38: the dgrad layout (A and B row-major) of the same domain too. Isolated
+// (variant_ab_...-041314.txt, both swizzles) config 15 was level with or ahead of config 3 there:
+// 4096 x 1024 x 1024 16.16-16.19 vs 16.33-16.36 us, 4096 x 1024 x 2816 35.20-35.27 vs 35.62-35.66;
+// inside compiled llama-host steps (step_sweep_...-035925.json) 15.0 vs 15.2 (config 3, the
+// rule's choice before) and 33.4 vs 33.7 (config 14, the rule's choice before, at K = 2816);
+// the gpt-host step had 4096 x 1024 x 3072 at 36.1 on both configs 14 and 15. The weight
+// gradient's layout is not taken (not measured). Other shapes keep the choices above.
 bool pingpong_without_cluster_takes(const GemmParams& p, int64_t sms) {
   const bool forward_layout = p.layout_a == Layout::kRowMajor && p.layout_b == Layout::kColumnMajor;
+  const bool dgrad_layout = p.layout_a == Layout::kRowMajor && p.layout_b == Layout::kRowMajor;
   const int64_t tiles128 = ceil_div(p.m, 128) * ceil_div(p.n, 128);
-  return forward_layout && p.k > 256 && p.k <= 3072 && ceil_div(p.n, 128) <= 8 &&
-         tiles128 * 2 > sms * 3 && tiles128 <= sms * 3;
+  return (forward_layout || dgrad_layout) && p.k > 256 && p.k <= 3072 &&
+         ceil_div(p.n, 128) <= 8 && tiles128 * 2 > sms * 3 && tiles128 <= sms * 3;
 }
 
 // The rule for row-major D (see choose_sm90_config). `with_tile256x128` false: the rule without
@@ -573,6 +580,9 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     (pingpong_without_cluster_takes; within config 14's gate: N = 1024, 3073-4096 rows): isolated on an H200 2% faster than config 3 at 4096 x
 //     1024 x 1024 (16.49 vs 16.82 us), 1% slower at 4096 x 1024 x 2816 (38.83 vs 38.46; config
 //     14, v0.36's choice there, 39.11); tied with config 3 inside compiled steps.
+//   * v0.38: the same clause for the dgrad layout (A and B row-major): config 15 level with or
+//     ahead of configs 3 / 14 there, isolated (4096 x 1024 x 1024 16.2 vs 16.3-16.4 us) and in
+//     compiled llama-host steps (15.0 vs 15.2; 4096 x 1024 x 2816 33.4 vs 33.7 on config 14).
 namespace {
 
 // The transposed configuration (4-7) for a problem under 3/4 of a wave of 128x256 tiles that no

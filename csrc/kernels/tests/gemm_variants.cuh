@@ -94,11 +94,81 @@ struct VariantConfigWithEpilogueTile
   using EpilogueTile = cute::Shape<cute::Int<EpiM>, cute::Int<EpiN>>;
 };
 
+// A configuration whose epilogue has no C operand (ElementC = void, a plain linear combination
+// with beta = 0): no C stages in shared memory, and CUTLASS then delays each TMA store's wait to
+// the next subtile's (DelayTmaStore). The library's kernels all take a C operand (bias, beta = 1
+// accumulation), which turns the delay off even where beta = 0.
+template <class Base>
+struct WithoutC : Base {
+  static constexpr bool kVoidC = true;
+};
+
+// Sm90Gemm's mainloop with the epilogue of WithoutC: D = alpha * acc, bf16.
+template <class LayoutB, class Cfg>
+struct Sm90GemmWithoutC {
+  using ElementAB = cutlass::bfloat16_t;
+  using TileShape = typename Cfg::TileShape;
+  using ClusterShape = typename Cfg::ClusterShape;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      typename kernels::EpilogueTileOf<Cfg>::type, float, float, void,
+      cutlass::layout::RowMajor, 8, ElementAB, cutlass::layout::RowMajor, 8,
+      typename Cfg::EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<ElementAB, float, void, float>>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8,
+      ElementAB, LayoutB, 8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      typename Cfg::KernelSchedule>::CollectiveOp;
+  using GemmKernel =
+      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                           CollectiveEpilogue, typename Cfg::TileScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+  static typename Gemm::Arguments make_arguments(const kernels::GemmParams& p) {
+    using cute::_1;
+    typename GemmKernel::StrideA stride_a = cute::make_stride(p.lda, _1{}, int64_t(0));
+    typename GemmKernel::StrideB stride_b;
+    if constexpr (std::is_same<LayoutB, cutlass::layout::ColumnMajor>::value) {
+      stride_b = cute::make_stride(p.ldb, _1{}, int64_t(0));
+    } else {
+      stride_b = cute::make_stride(_1{}, p.ldb, int64_t(0));
+    }
+    typename GemmKernel::StrideC stride_c{};
+    typename GemmKernel::StrideD stride_d = cute::make_stride(p.ldd, _1{}, int64_t(0));
+    cutlass::KernelHardwareInfo hw_info;
+    cudaGetDevice(&hw_info.device_id);
+    hw_info.sm_count = p.multiprocessors;
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1},
+        {static_cast<const ElementAB*>(p.a), stride_a, static_cast<const ElementAB*>(p.b),
+         stride_b},
+        {{}, nullptr, stride_c, static_cast<ElementAB*>(p.d), stride_d},
+        hw_info};
+    args.epilogue.thread.alpha = p.alpha;
+    args.epilogue.thread.beta = 0.0f;
+    if (p.swizzle > 0) args.scheduler.max_swizzle_size = p.swizzle;
+    return args;
+  }
+};
+
+template <class Cfg, class = void>
+struct VoidCOf : std::false_type {};
+template <class Cfg>
+struct VoidCOf<Cfg, std::void_t<decltype(Cfg::kVoidC)>> : std::bool_constant<Cfg::kVoidC> {};
+
+template <class Cfg, class LayoutB>
+using VariantOp = std::conditional_t<
+    VoidCOf<Cfg>::value, Sm90GemmWithoutC<LayoutB, Cfg>,
+    kernels::Sm90Gemm<cutlass::bfloat16_t, cutlass::bfloat16_t, cutlass::layout::RowMajor,
+                      LayoutB, Cfg, kernels::EpilogueKind::kLinComb,
+                      kernels::Activation::kIdentity>>;
+
 template <class Cfg, class LayoutB>
 class PreparedSm90 final : public Prepared {
-  using Op = kernels::Sm90Gemm<cutlass::bfloat16_t, cutlass::bfloat16_t, cutlass::layout::RowMajor,
-                               LayoutB, Cfg, kernels::EpilogueKind::kLinComb,
-                               kernels::Activation::kIdentity>;
+  using Op = VariantOp<Cfg, LayoutB>;
   using Gemm = typename Op::Gemm;
 
  public:
@@ -231,7 +301,19 @@ using AllConfigs = std::tuple<
     // pipeline's barrier round trips per tile on a K = 1024 mainloop (8 k-blocks instead of 16),
     // 64 KiB per stage (3 stages).
     VariantConfig<128, 128, 128, 1, 1, true>,                            // 16
-    VariantConfig<128, 128, 128, 1, 2, true>>;                           // 17
+    VariantConfig<128, 128, 128, 1, 2, true>,                            // 17
+    // 18-20: configs 3, 15 and 0 without a C operand (WithoutC: delayed TMA-store waits, no C
+    // stages in shared memory).
+    WithoutC<kernels::Sm90TileConfig<3>>,                                // 18
+    WithoutC<kernels::Sm90TileConfig<15>>,                               // 19
+    WithoutC<kernels::Sm90TileConfig<0>>,                                // 20
+    // 21-23: the 176-wide ping-pong tile with 64x176 epilogue subtiles (2 per tile where 64x16
+    // ones make 11 per 64 rows; CUTLASS takes only widths that are multiples of 16, so 16 and 176
+    // are the two that divide 176), without C, with C, and without C or a cluster. The epilogue
+    // fragment (88 floats beside the 176 accumulators) spills: 422 bytes, -Xptxas -v.
+    WithoutC<VariantConfigWithEpilogueTile<128, 176, 64, 2, 1, true, 64, 176>>,  // 21
+    VariantConfigWithEpilogueTile<128, 176, 64, 2, 1, true, 64, 176>,            // 22
+    WithoutC<VariantConfigWithEpilogueTile<128, 176, 64, 1, 1, true, 64, 176>>>;  // 23
 constexpr const char* kLabels[] = {
     "c0 128x256 2x1 coop",        "c3 128x128 1x2 pingpong",      "c14 256x128 1x2 coop",
     "256x128 2x1 coop",           "256x128 1x1 coop",             "256x128 1x2 coop epi128x64",
@@ -240,7 +322,10 @@ constexpr const char* kLabels[] = {
     "128x176 2x1 pingpong epi64x16", "128x176 2x1 coop epi128x16",
     "128x176 1x1 pingpong epi64x16", "128x176 1x2 pingpong epi64x16",
     "256x176 2x1 coop epi128x16",
-    "128x128x128 1x1 pingpong",    "128x128x128 1x2 pingpong"};
+    "128x128x128 1x1 pingpong",    "128x128x128 1x2 pingpong",
+    "c3 without C",                "c15 without C",                "c0 without C",
+    "128x176 2x1 pingpong epi64x176 without C", "128x176 2x1 pingpong epi64x176",
+    "128x176 1x1 pingpong epi64x176 without C"};
 static_assert(std::size(kLabels) == std::tuple_size_v<AllConfigs>, "one label per variant");
 static_assert(CUTLASS_NN_VARIANT >= 0 && CUTLASS_NN_VARIANT < std::tuple_size_v<AllConfigs>,
               "gemm_variants.cuh: CUTLASS_NN_VARIANT names no variant");
