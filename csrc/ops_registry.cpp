@@ -127,6 +127,18 @@ static std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle, int
 #endif
 }
 
+// Whether a plain product (beta = 0, no bias) may run on a GEMM kernel without a C operand where
+// its configuration has one (the default); returns the previous setting (true in the CPU flavor,
+// which has no such kernels and ignores it). For A/B timing and the dispatch tests.
+static bool set_epilogue_without_c(bool enabled) {
+#ifdef CUTLASS_NN_WITH_CUDA
+  return cuda::set_epilogue_without_c(enabled);
+#else
+  (void)enabled;
+  return true;
+#endif
+}
+
 // Names of the SM90 tile configurations, one per line, in index order ("" in the CPU flavor).
 static std::string gemm_configs() {
 #ifdef CUTLASS_NN_WITH_CUDA
@@ -421,6 +433,7 @@ TORCH_LIBRARY(cutlass_nn, m) {
   m.def("_programmatic_launch_enabled() -> bool", &programmatic_launch_enabled);
   m.def("_last_kernel_name() -> str", &last_kernel_name);
   m.def("_set_gemm_config(int config, int swizzle, int splits=0) -> int[]", &set_gemm_config);
+  m.def("_set_epilogue_without_c(bool enabled) -> bool", &set_epilogue_without_c);
   m.def("_gemm_configs() -> str", &gemm_configs);
   m.def("_set_fp8_config(int config) -> int", &set_fp8_config);
   m.def("_set_fp8_swizzle(int swizzle) -> int", &set_fp8_swizzle);

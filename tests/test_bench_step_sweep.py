@@ -16,7 +16,15 @@ def test_candidates_parse_with_the_rule_first_and_no_duplicates():
     assert [c.label for c in ss.parse_candidates("")] == ["rule"]
 
 
-@pytest.mark.parametrize("text", ["x", "2/", "14:", "-1", "2/1/3", "99"])
+def test_candidates_with_c_operand():
+    got = ss.parse_candidates("rule+c,15+c,3/2:4+c,15,15+c")
+    assert [c.label for c in got] == ["rule", "rule+c", "15+c", "3/2:4+c", "15"]
+    assert got[1].config == -1 and got[1].with_c and not got[0].with_c and not got[4].with_c
+    assert (got[3].config, got[3].splits, got[3].swizzle, got[3].with_c) == (3, 2, 4, True)
+
+
+@pytest.mark.parametrize("text", ["x", "2/", "14:", "-1", "2/1/3", "99", "15c", "15+", "+c",
+                                  "rule+", "15+c+c"])
 def test_bad_candidates_are_named(text):
     with pytest.raises(ValueError, match="--candidates") as info:
         ss.parse_candidates(text, config_count=15)
@@ -139,10 +147,20 @@ def test_settle_must_be_a_sane_number_of_seconds():
     assert ss.parse_args(["--what", "step-sweep", "--settle", "0"]).settle == 0.0
 
 
-def test_forced_setting_is_restored_when_a_step_raises():
+def test_forced_setting_is_restored_when_a_step_raises(monkeypatch):
     import types
 
+    import torch
+
     state = [3, 2, 0]  # a configuration forced before the sweep
+    without_c = [False]  # kernels without C switched off before the sweep
+
+    def set_without_c(enabled):
+        previous = without_c[0]
+        without_c[0] = enabled
+        return previous
+
+    monkeypatch.setattr(torch.ops.cutlass_nn, "_set_epilogue_without_c", set_without_c)
 
     def setter(config, swizzle, splits=0):
         previous = list(state)
@@ -163,6 +181,7 @@ def test_forced_setting_is_restored_when_a_step_raises():
                          {}, {}, {}, previous)
     assert FailingTrainer.calls == 1
     assert state == [3, 2, 0]
+    assert without_c == [False]
 
 
 def test_a_failing_probe_is_recorded(monkeypatch):

@@ -552,3 +552,45 @@ def test_rule_at_transformer_shapes(op, shape, config, dtype, gen):
     assert torch.equal(ours, again), f"{context}: repeated call differs ({name})"
     check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)
     assert_unchanged(args, before, context)
+
+
+# v0.38: kernels without a C operand (configs 3 and 15, 16-bit in and out, every layout) for plain
+# products: the same product as the kernel with C, bitwise (same mainloop; with beta = 0 the
+# kernel with C never reads C), and never for a bias.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("config", [3, 15])
+@pytest.mark.parametrize("op", ["linear_nobias", "linear_dgrad", "linear_wgrad", "mm"])
+@pytest.mark.parametrize("shape", [(4096, 2816, 1024), (1000, 1032, 776)], ids=["aligned", "partial-tiles"])
+def test_plain_product_runs_without_c(op, config, dtype, shape, gen):
+    needs_sm90()
+    args = gemm_args(op, *shape, dtype, "contig", gen)
+    before = clone_all(args)
+    context = f"{op} {shape} {dtype} config {config}"
+    with forced_config(config):
+        ours = run_ours(op, args)
+        name = ops.last_kernel_name()
+        previous = torch.ops.cutlass_nn._set_epilogue_without_c(False)
+        try:
+            with_c = run_ours(op, args)
+            name_with_c = ops.last_kernel_name()
+        finally:
+            torch.ops.cutlass_nn._set_epilogue_without_c(previous)
+    assert previous is True
+    suffix = sm90_config_names()[config]
+    assert "_noc_" in name and name.endswith(suffix), f"{context}: ran {name}"
+    assert "_noc_" not in name_with_c and name_with_c.endswith(suffix), f"{context}: {name_with_c}"
+    assert torch.equal(ours, with_c), f"{context}: {name} and {name_with_c} differ"
+    check_close(ours, run_torch(op, args), run_torch(op, to64(args)), FLOOR_16, context)
+    assert_unchanged(args, before, context)
+
+
+@pytest.mark.parametrize("config", [3, 15])
+def test_bias_keeps_the_kernel_with_c(config, gen):
+    needs_sm90()
+    args = gemm_args("linear", 4096, 2816, 1024, torch.bfloat16, "contig", gen)
+    with forced_config(config):
+        ours = run_ours("linear", args)
+    name = ops.last_kernel_name()
+    assert "_noc_" not in name and name.endswith(sm90_config_names()[config]), name
+    check_close(ours, run_torch("linear", args), run_torch("linear", to64(args)), FLOOR_16,
+                f"linear with bias, config {config}")

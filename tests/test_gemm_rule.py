@@ -41,8 +41,10 @@ class Plan(NamedTuple):
 
 
 def plan(harness: Path, op: str, m: int, n: int, k: int, *, out_f32=False, fused=False,
-         config=-1, swizzle=0, splits=0, sms=SMS) -> Plan:
-    query = f"{op} {m} {n} {k} {int(out_f32)} {int(fused)} {config} {swizzle} {splits} {sms}\n"
+         config=-1, swizzle=0, splits=0, sms=SMS, c_mode=0, without_c=True) -> Plan:
+    """The harness's plan; c_mode 1 adds a row-broadcast bias, 2 beta = 1 times C."""
+    query = (f"{op} {m} {n} {k} {int(out_f32)} {int(fused)} {config} {swizzle} {splits} {sms} "
+             f"{c_mode} {int(without_c)}\n")
     out = subprocess.run([str(harness)], input=query, capture_output=True, text=True, check=True)
     rule, _, rest = out.stdout.strip().partition(" | ")
     r = tuple(int(v) for v in rule.split())
@@ -306,7 +308,7 @@ def test_float32_output_never_gets_the_16bit_only_configurations(harness):
 def test_forced_configuration_runs_without_the_rules_swizzle(harness):
     assert plan(harness, "fwd", 16384, 18944, 3584).swizzle == 2
     forced = plan(harness, "fwd", 16384, 18944, 3584, config=3)
-    assert (forced.config, forced.swizzle) == (3, 0) and forced.kernel.endswith("pingpong")
+    assert (forced.config, forced.swizzle) == (3, 0) and "pingpong" in forced.kernel
     both = plan(harness, "fwd", 16384, 18944, 3584, config=3, swizzle=8)
     assert (both.config, both.swizzle) == (3, 8)
     # the rule's own configuration forced: its swizzle stays
@@ -333,3 +335,33 @@ def test_fused_epilogue(harness):
     assert (got.config, got.swizzle) == (3, 0) and got.kernel.endswith("pingpong_relu"), got
     got = plan(harness, "fwd", 4096, 3584, 3584, fused=True)
     assert got.config == 3 and got.kernel.endswith("pingpong_relu"), got
+
+
+# The kernels without a C operand (v0.38, EpilogueKind::kLinCombNoC): configs 3 and 15, 16-bit in
+# and out, every layout; a plain product takes them, a bias or beta != 0 does not.
+@pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad"])
+@pytest.mark.parametrize("config", [3, 15])
+def test_plain_product_takes_the_kernel_without_c(harness, op, config):
+    p = plan(harness, op, 4096, 2816, 1024, config=config)
+    assert p.config == config and "_noc_" in p.kernel and p.kernel.endswith("pingpong"), p
+    kept = plan(harness, op, 4096, 2816, 1024, config=config, without_c=False)
+    assert kept.config == config and "pingpong" in kept.kernel and "_noc_" not in kept.kernel
+    assert kept.kernel == p.kernel.replace("_noc_", "_")
+
+
+@pytest.mark.parametrize("c_mode", [1, 2], ids=["bias", "beta1"])
+def test_bias_or_accumulation_keeps_the_kernel_with_c(harness, c_mode):
+    for config in (3, 15):
+        p = plan(harness, "fwd", 4096, 2816, 1024, config=config, c_mode=c_mode)
+        assert p.config == config and "pingpong" in p.kernel and "_noc_" not in p.kernel, p
+
+
+def test_kernels_without_c_only_where_built(harness):
+    # the rule's own choices: config 15 / 3 run without C, config 0 (no such kernel) with it
+    assert plan(harness, "fwd", 4096, 1024, 1024).kernel.endswith("_noc_128x128x64_1x1x1_pingpong")
+    assert plan(harness, "fwd", 4096, 2816, 1024).kernel.endswith("_noc_128x128x64_1x2x1_pingpong")
+    big = plan(harness, "fwd", 4096, 4096, 4096)
+    assert big.config == 0 and "_noc_" not in big.kernel
+    # a float32 output (the main-gradient wgrad) has no kernel without C
+    f32 = plan(harness, "wgrad", 4096, 4096, 1024, out_f32=True, config=3)
+    assert "_noc_" not in f32.kernel and "bf16_f32" in f32.kernel

@@ -472,3 +472,18 @@ def test_linear_autograd_records_one_node_and_backward_records_none():
     ):
         out = fn(*args)
         assert out.grad_fn is not None and "CppNode" in out.grad_fn.name(), fn
+
+
+def test_set_epilogue_without_c_schema_and_round_trip():
+    # The switch the step-sweep's "+c" candidates and the dispatch tests use: a bool in, the
+    # previous setting out (the CPU flavor has no such kernels and answers True).
+    op = torch.ops.cutlass_nn._set_epilogue_without_c
+    assert str(op.default._schema) == "cutlass_nn::_set_epilogue_without_c(bool enabled) -> bool"
+    previous = op(False)
+    try:
+        assert previous is True
+        # the CUDA flavor keeps the setting just made; the CPU flavor has nothing to keep
+        assert op(False) is (cutlass_nn.build_info()["flavor"] != "cuda")
+    finally:
+        op(previous)
+    assert op(True) is True

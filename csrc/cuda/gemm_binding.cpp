@@ -30,6 +30,7 @@ std::atomic<bool> g_force_sm80{false};
 // Overrides of the SM90 tile configuration / scheduler swizzle (-1 / 0: the per-shape rule).
 std::atomic<int> g_sm90_config{-1};
 std::atomic<int> g_swizzle{0};
+std::atomic<bool> g_epilogue_without_c{true};
 std::atomic<int> g_splits{0};
 // Process-wide (not thread-local): autograd runs CUDA backward ops on its own worker thread.
 std::atomic<const char*> g_last_kernel{""};
@@ -192,6 +193,7 @@ kernels::GemmParams base_params(const Operand& A, const Operand& B, const at::Te
   p.sm90_config = g_sm90_config.load();
   p.swizzle = g_swizzle.load();
   p.splits = g_splits.load();
+  p.epilogue_without_c = g_epilogue_without_c.load();
   return p;
 }
 
@@ -470,6 +472,8 @@ std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle, int64_t sp
   const int previous_splits = g_splits.exchange(static_cast<int>(splits));
   return {previous_config, previous_swizzle, previous_splits};
 }
+
+bool set_epilogue_without_c(bool enabled) { return g_epilogue_without_c.exchange(enabled); }
 
 std::string gemm_config_names() {
   std::string out;

@@ -36,6 +36,9 @@ bool gemm_fused_activation(const char* op, const at::Tensor& a, const at::Tensor
 // factor of the stream-K configurations (0: the rule's choice); returns the previous
 // [config, swizzle, splits]. Process-wide. For the benchmark sweep and tests.
 std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle, int64_t splits);
+// Whether plain products may run on the kernels without a C operand (default true); returns the
+// previous setting. For A/B timing (bench --what step-sweep) and the dispatch tests.
+bool set_epilogue_without_c(bool enabled);
 
 // The SM90 tile configuration names, one per line, in index order.
 std::string gemm_config_names();

@@ -737,6 +737,10 @@ const KernelEntry* select_kernel(const GemmParams& p) {
   } else if (fused) {
     want = p.aux != nullptr ? EpilogueKind::kActAux : EpilogueKind::kAct;
   }
+  // A plain product (beta = 0, no bias): a kernel without a C operand comes first where the
+  // configuration has one (the registry lists those rows before the kLinComb ones).
+  const bool without_c = want == EpilogueKind::kLinComb && p.epilogue_without_c &&
+                         p.beta == 0.0f && !p.c_row_broadcast;
   if (fused) {
     if (p.alpha != 1.0f || (p.beta != 0.0f && !p.c_row_broadcast)) return nullptr;
     if (p.aux != nullptr) {
@@ -747,7 +751,9 @@ const KernelEntry* select_kernel(const GemmParams& p) {
 
   for (const KernelEntry& e : kKernels) {
     if (e.dtype_ab != p.dtype_ab || e.dtype_cd != p.dtype_cd) continue;
-    if (e.epilogue != want || e.activation != (fused ? p.activation : Activation::kIdentity)) {
+    const bool epilogue_fits =
+        e.epilogue == want || (without_c && e.epilogue == EpilogueKind::kLinCombNoC);
+    if (!epilogue_fits || e.activation != (fused ? p.activation : Activation::kIdentity)) {
       continue;
     }
     if (e.family != KernelFamily::kFallback &&
@@ -847,7 +853,7 @@ GemmPlan plan_normalized(GemmParams p) {
 // pointer values, of which only the alignment (address mod 16) and null-ness matter. Each thread
 // keeps its own cache (no lock on the hot path; autograd's backward runs on its own thread).
 
-using PlanKey = std::array<int64_t, 28>;
+using PlanKey = std::array<int64_t, 29>;
 
 struct PlanKeyHash {
   size_t operator()(const PlanKey& key) const {
@@ -902,6 +908,7 @@ PlanKey plan_key(const GemmParams& p) {
                  p.sm90_config,
                  p.swizzle,
                  p.splits,
+                 p.epilogue_without_c,
                  pointer_class(p.a),
                  pointer_class(p.b),
                  pointer_class(p.c) | (p.c == p.d ? 32 : 0),

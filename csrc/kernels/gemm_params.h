@@ -86,6 +86,10 @@ struct GemmParams {
   // K decomposition of the stream-K configurations: 0 = the rule's choice, 1 = data-parallel
   // (no split), s > 1 = split-K into s slices (reduced deterministically in the workspace).
   int splits = 0;
+  // Whether a plain product (beta == 0, no bias, no activation) may run on a kernel without a C
+  // operand (EpilogueKind::kLinCombNoC) where its configuration has one. Off: the kLinComb
+  // kernel of the same configuration (for A/B timing: cutlass_nn._set_epilogue_without_c).
+  bool epilogue_without_c = true;
 
   // Set by the dispatcher only (callers leave it false): the params describe the transposed
   // problem D^T = B^T A^T of a small-M GEMM, so C and D are ColumnMajor (element (i, j) at

@@ -27,6 +27,11 @@ enum class EpilogueKind : int {
   // D = alpha * acc + beta * C (+ bias[m]) with C and D column-major: the transposed problem
   // D^T = B^T A^T that the dispatcher runs for a small M (GemmParams::d_column_major).
   kLinCombColMajorD = 3,
+  // D = alpha * acc, row-major, with no C operand (CUTLASS's ElementC = void): no C stages in
+  // shared memory and delayed TMA-store waits, 2-5% faster than kLinComb on the K <= 3072
+  // GEMMs of transformer layers (benchmarks/NOTES.md, thirty-fourth session). The dispatcher
+  // takes it for beta == 0 without a bias where a configuration has such a kernel.
+  kLinCombNoC = 4,
 };
 
 // Compile-time identity of one kernel. Align is the A/B access width in elements; Config selects

@@ -322,6 +322,12 @@ struct Sm90Fusion<EpilogueKind::kLinComb, ElementCD, A> {
 };
 
 template <class ElementCD, Activation A>
+struct Sm90Fusion<EpilogueKind::kLinCombNoC, ElementCD, A> {
+  // D = alpha * acc: no source (the builder's ElementC is void, see Sm90Gemm), no bias.
+  using Op = cutlass::epilogue::fusion::LinearCombination<ElementCD, float, void, float>;
+};
+
+template <class ElementCD, Activation A>
 struct Sm90Fusion<EpilogueKind::kLinCombColMajorD, ElementCD, A> {
   // The transposed problem: D^T = alpha * acc + beta * C^T + bias[m'] (the bias of the original
   // problem's columns is one value per row now: Sm90ColBroadcast, also null-safe).
@@ -358,11 +364,15 @@ struct Sm90Gemm {
   using FusionOp = typename Sm90Fusion<Epi, ElementCD, Act>::Op;
   using LayoutCD = Sm90LayoutCD<Epi>;
   static constexpr bool kColumnMajorD = Epi == EpilogueKind::kLinCombColMajorD;
+  // No C operand for kLinCombNoC: CUTLASS then reserves no C stages in shared memory and waits
+  // for each TMA store one subtile later (DelayTmaStore).
+  static constexpr bool kWithoutC = Epi == EpilogueKind::kLinCombNoC;
+  using ElementC = std::conditional_t<kWithoutC, void, ElementCD>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       typename EpilogueTileOf<Cfg>::type, ElementAccumulator, ElementCompute,
-      ElementCD, LayoutCD, kAlignmentCD,  // C
+      ElementC, LayoutCD, kAlignmentCD,   // C (void: none)
       ElementCD, LayoutCD, kAlignmentCD,  // D
       typename Cfg::EpilogueSchedule, FusionOp>::CollectiveOp;
 
@@ -424,7 +434,8 @@ struct Sm90Gemm {
         {m, n, k, 1},
         {static_cast<const ElementAB*>(p.a), stride_a, static_cast<const ElementAB*>(p.b),
          stride_b},
-        {{}, static_cast<const ElementCD*>(p.c), stride_c, static_cast<ElementCD*>(p.d), stride_d},
+        {{}, kWithoutC ? nullptr : static_cast<const ElementCD*>(p.c), stride_c,
+         static_cast<ElementCD*>(p.d), stride_d},
         hw_info};
     if constexpr (PromotionOf<Cfg>::kInterval > 0) {
       args.mainloop.mma_promotion_interval = PromotionOf<Cfg>::kInterval;
@@ -444,7 +455,9 @@ struct Sm90Gemm {
 
     auto& fusion = args.epilogue.thread;
     fusion.alpha = p.alpha;
-    if (p.c_row_broadcast) {
+    if constexpr (kWithoutC) {
+      fusion.beta = 0.0f;  // the dispatcher picks these kernels for beta == 0 without a bias only
+    } else if (p.c_row_broadcast) {
       // bias[n] added unscaled; the dispatcher guarantees beta == 1 here. The C operand itself
       // is unused (beta = 0 skips its TMA load); ptr_C still points at valid memory (D) because
       // a TMA descriptor is built for it.

@@ -32,7 +32,9 @@ Usage::
         [--warmup 3] [--settle 2.0] [--vocab N] [--pdl] [--out DIR]
 
 A candidate is ``rule`` or ``config[/splits][:swizzle]`` (``2/1``: config 2 data-parallel,
-``14:1``: config 14 with a swizzle of 1). ``reduce-overhead`` mode is refused: a CUDA-graph replay
+``14:1``: config 14 with a swizzle of 1), either with ``+c`` appended (``rule+c``, ``15+c``): the
+plain products then run on the kernels with a C operand, as before v0.38, instead of those
+without one (``_set_epilogue_without_c(False)``). ``reduce-overhead`` mode is refused: a CUDA-graph replay
 records no operators, and its kernels were captured with one configuration. The GEMMs run without
 programmatic dependent launch unless ``--pdl`` (with it, a GEMM's kernel starts while the one
 before it finishes and waits for it on the GPU, so its measured time includes the end of its
@@ -63,25 +65,28 @@ DEFAULT_CANDIDATES = "rule,0,2,2/1,2/2,3,3:2,10,13,14,14:1"
 
 @dataclass(frozen=True)
 class Candidate:
-    """One forced setting of ``_set_gemm_config``: config -1 is the rule."""
+    """One forced setting of ``_set_gemm_config``: config -1 is the rule; ``with_c``: plain
+    products on the kernels with a C operand (``_set_epilogue_without_c(False)``)."""
 
     config: int
     splits: int = 0
     swizzle: int = 0
+    with_c: bool = False
 
     @property
     def label(self) -> str:
+        suffix = "+c" if self.with_c else ""
         if self.config < 0:
-            return "rule"
+            return "rule" + suffix
         text = str(self.config)
         if self.splits:
             text += f"/{self.splits}"
         if self.swizzle:
             text += f":{self.swizzle}"
-        return text
+        return text + suffix
 
 
-_CANDIDATE = re.compile(r"^(\d+)(?:/(\d+))?(?::(\d+))?$")
+_CANDIDATE = re.compile(r"^(\d+)(?:/(\d+))?(?::(\d+))?(\+c)?$")
 
 
 def parse_candidates(text: str, config_count: int | None = None) -> list[Candidate]:
@@ -92,10 +97,17 @@ def parse_candidates(text: str, config_count: int | None = None) -> list[Candida
         item = raw.strip()
         if not item or item == "rule":
             continue
+        if item == "rule+c":
+            c = Candidate(-1, with_c=True)
+            if c not in out:
+                out.append(c)
+            continue
         m = _CANDIDATE.match(item)
         if m is None:
-            raise ValueError(f"--candidates: {item!r} is not 'rule' or config[/splits][:swizzle]")
-        c = Candidate(int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0))
+            raise ValueError(f"--candidates: {item!r} is not 'rule' or config[/splits][:swizzle], "
+                             f"with an optional '+c'")
+        c = Candidate(int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0),
+                      m.group(4) is not None)
         if config_count is not None and c.config >= config_count:
             raise ValueError(f"--candidates: config {c.config} of {item!r} is not below the "
                              f"build's {config_count} configurations")
@@ -223,6 +235,7 @@ def _probe_kernel(op: str, shapes: list[list[int]], candidate: Candidate) -> str
     ops = torch.ops.cutlass_nn
     args = [torch.randn(s, device="cuda", dtype=torch.bfloat16) if s else None for s in shapes]
     previous = ops._set_gemm_config(candidate.config, candidate.swizzle, candidate.splits)
+    previous_without_c = ops._set_epilogue_without_c(not candidate.with_c)
     try:
         if op == "cutlass_nn::linear":
             ops.linear(args[0], args[1], args[2] if len(args) > 2 else None)
@@ -234,6 +247,7 @@ def _probe_kernel(op: str, shapes: list[list[int]], candidate: Candidate) -> str
         return cutlass_nn.ops.last_kernel_name()
     finally:
         ops._set_gemm_config(*previous)
+        ops._set_epilogue_without_c(previous_without_c)
 
 
 def round_order(candidates: Sequence[Candidate], r: int) -> list[Candidate]:
@@ -277,11 +291,14 @@ def _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms
                   previous: Sequence[int]) -> None:
     """The interleaved rounds: each candidate forced, one untimed step, ``args.steps`` profiled
     ones; the setting in force before (``previous``) is restored even when a step raises."""
+    without_c = torch.ops.cutlass_nn._set_epilogue_without_c
+    previous_without_c = without_c(True)
     try:
         for r in range(args.rounds):
             order = round_order(candidates, r)
             for c in order:
                 setter(c.config, c.swizzle, c.splits)
+                without_c(not c.with_c)
                 trainer.step(batches[0])  # one untimed step on the new setting
                 torch.cuda.synchronize()
                 times, ms, per_step = _profiled_gemm_times(trainer, batches, args.steps, SWEPT_OPS)
@@ -290,6 +307,7 @@ def _sweep_rounds(args, candidates, trainer, batches, setter, per_round, step_ms
                 step_ms[c.label].append(ms)
     finally:
         setter(*previous)
+        without_c(previous_without_c)
 
 
 def main(argv: Sequence[str]) -> int:

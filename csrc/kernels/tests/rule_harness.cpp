@@ -8,7 +8,9 @@
 //   op: fwd (A row-major, B column-major: nn.Linear's forward), dgrad (both row-major), wgrad
 //   (A column-major, B row-major); out_f32: 1 for a float32 output (bf16 otherwise); fused: 1 for
 //   a bias + ReLU epilogue; config / swizzle / splits: the overrides (-1 / 0 / 0 = the rule's);
-//   sms: the multiprocessor count.
+//   sms: the multiprocessor count. Two optional trailing fields: c_mode (0: D = A @ B, the
+//   default; 1: plus a row-broadcast bias; 2: plus beta = 1 times C) and without_c (1, the
+//   default: plain products may take the kernels without a C operand; 0: not).
 // Writes one line per query:  rule_config rule_swizzle rule_splits | plan_config plan_swizzle
 //   plan_splits transposed kernel_name   (kernel_name "-" where no kernel fits; plan_config -1
 //   then means the fused epilogue is left to the caller: GEMM + activation pass).
@@ -48,6 +50,9 @@ int main() {
       std::printf("bad query\n");
       continue;
     }
+    int c_mode = 0, without_c = 1;
+    if (!(in >> c_mode)) c_mode = 0;
+    if (!(in >> without_c)) without_c = 1;
     GemmParams p;
     p.m = m;
     p.n = n;
@@ -74,12 +79,17 @@ int main() {
       p.ldb = n;
     }
     p.ldd = n;
-    if (fused) {
-      p.activation = Activation::kReLU;
+    if (fused || c_mode == 1) {
+      if (fused) p.activation = Activation::kReLU;
       p.c = g_buffer;
       p.c_row_broadcast = true;
       p.beta = 1.0f;
+    } else if (c_mode == 2) {
+      p.c = g_buffer;
+      p.ldc = n;
+      p.beta = 1.0f;
     }
+    p.epilogue_without_c = without_c != 0;
     p.sm90_config = config;
     p.swizzle = swizzle;
     p.splits = splits;
