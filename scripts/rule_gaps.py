@@ -46,7 +46,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 #: Below this, a shape misses issue 13's floor whatever the rule picks.
 FLOOR = 0.90
 
-_KERNEL_PREFIX = re.compile(r"^sm90_tma_ws_[a-z0-9]+_[a-z0-9]+_(nn|nt|tn|tt)_")
+# "noc_": the kernels without a C operand (v0.38) share their configuration's name and measure.
+_KERNEL_PREFIX = re.compile(r"^sm90_tma_ws_[a-z0-9]+_[a-z0-9]+_(nn|nt|tn|tt)_(?:noc_)?")
 
 
 class Plan(NamedTuple):
