@@ -5,10 +5,10 @@
 # cannot clash with the CPU flavor built in place by scripts/setup.sh), then an import that must
 # report the CUDA flavor, and the CPU tests of the operators run against that build.
 # It compiles the representative GEMM kernel set (CUTLASS_NN_KERNEL_SET=ci: every hand-written
-# source, one generated kernel per family: tile configuration and schedule, epilogue, fused
-# activation or not, operand precision class), which proves each family compiles and links with
-# far fewer files to compile; the other layouts / dtypes / activations of a family are compiled
-# by the full set, which the GPU machine builds and tests.
+# source, one generated kernel per family: SM90 kernel schedule or SM80 configuration, epilogue,
+# fused activation or not, operand precision class), which proves each family compiles and links
+# with far fewer files to compile; the other tiles / layouts / dtypes / activations of a family
+# are compiled by the full set, which the GPU machine builds and tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}

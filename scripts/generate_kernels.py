@@ -6,8 +6,8 @@ Writes csrc/kernels/generated/<name>.cu -- one explicit instantiation of
 csrc/kernels/generated/kernel_registry.inc, the table gemm_dispatch.cu selects from (rows in
 priority order: the first row that fits a problem wins), and
 csrc/kernels/generated/kernel_subset.txt, the files of the representative kernel set (the first
-kernel of each kernel family: family, tile configuration, epilogue, fused activation or not,
-operand precision class), which the build compiles alone with ``CUTLASS_NN_KERNEL_SET=ci``
+kernel of each kernel family: family, kernel schedule (SM90) or configuration (SM80), epilogue,
+fused activation or not, operand precision class), which the build compiles alone with ``CUTLASS_NN_KERNEL_SET=ci``
 (the CI machine proves that each family compiles and links without compiling every dtype /
 layout / activation variant of it, which only the full build compiles; the registry rows of the
 other kernels are then left out).
@@ -219,14 +219,26 @@ def kernel_list() -> list[Kernel]:
     return ks
 
 
+def sm90_schedule(config: int) -> str:
+    """The kernel schedule of an SM90 tile configuration: cooperative or ping-pong, with the
+    stream-K tile scheduler, the swapped (column-major D) problem or the promoted 3xTF32
+    mainloop as their own schedules. The tile, cluster and epilogue-tile shapes are template
+    arguments of one code path and are not part of it."""
+    name = SM90_CONFIG_NAMES[config]
+    base = "pingpong" if "pingpong" in name else "coop"
+    extras = [tag for tag in ("streamk", "swapab", "promoted") if tag in name]
+    return "_".join([base, *extras])
+
+
 def family_key(k: Kernel) -> tuple:
-    """Kernels with one key instantiate the same template path and differ only in dtypes and
-    layouts: the representative kernel set keeps the first kernel of each key."""
+    """Kernels with one key instantiate the same template path and differ only in dtypes,
+    layouts and tile / cluster shapes: the representative kernel set keeps the first kernel of
+    each key. An SM90 family is its schedule (sm90_schedule), not its tile configuration: the
+    CI build's time is bounded (about 70 minutes on the CI machine with one file per tile
+    configuration), and the GPU machine's full build compiles every tile."""
     precision = {"kFloat32": "f32", "kFloat64": "f64"}.get(k.ab, "16-bit")
-    # Without C, configs 3 and 15 differ only by the cluster, which their kLinComb kernels
-    # already cover: one representative for the epilogue (the CI build's time is bounded).
-    config = -1 if k.epilogue == "kLinCombNoC" else k.config
-    return (k.family, config, k.epilogue, k.activation != "kIdentity", precision)
+    shape = sm90_schedule(k.config) if k.family == "kSm90TmaWs" else k.config
+    return (k.family, shape, k.epilogue, k.activation != "kIdentity", precision)
 
 
 def representatives(ks: list[Kernel]) -> set[str]:
