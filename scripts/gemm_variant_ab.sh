@@ -4,13 +4,14 @@
 # is compiled in a unit of its own (in parallel), linked with csrc/kernels/tests/
 # gemm_variant_timing.cu and cuBLAS, and the binary times them all in one process.
 #
-#   bash scripts/gemm_variant_ab.sh <cutlass include dir> MxNxK:tn|nn [...]
+#   bash scripts/gemm_variant_ab.sh <cutlass include dir> MxNxK:tn|nn|nt [...]
 #
 # e.g. bash scripts/gemm_variant_ab.sh /tmp/cutlass_site/cutlass_library/source/include \
 #          4096x2816x1024:tn 4096x4096x1024:nn
 # Environment: CUDA_HOME (default /usr/local/cuda), VARIANTS (the variant numbers to build,
-# default all: "0 1 ... 23"), MAX_JOBS (parallel nvcc jobs, default nproc), ROUNDS,
-# SAMPLES, ITERS, RASTERS (0 CUTLASS's heuristic, 1 along M, 2 along N; default "0"), SWIZZLES
+# default all: "0 1 ... 27"), MAX_JOBS (parallel nvcc jobs, default nproc), ROUNDS,
+# SAMPLES, ITERS, GAP_US (host sleep before each sample, default 0: with ITERS=1, single
+# launches at the clock a training step gives them instead of at the power limit), RASTERS (0 CUTLASS's heuristic, 1 along M, 2 along N; default "0"), SWIZZLES
 # (default "1"; the rule runs config 14 with a swizzle of 2 at many shapes: pass "1 2" to
 # compare with it), BUILD_DIR (default: a temporary folder, removed at the end), CUBLAS_HOME (a
 # folder with include/cublas_v2.h and lib/libcublas.so*; default: the CUDA toolkit's, else the
@@ -20,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ $# -lt 2 ]]; then
-  echo "usage: $0 <cutlass include dir> MxNxK:tn|nn [...]" >&2
+  echo "usage: $0 <cutlass include dir> MxNxK:tn|nn|nt [...]" >&2
   exit 2
 fi
 inc=$(cd "$1" && pwd)
@@ -72,7 +73,7 @@ else
   build=$(mktemp -d)
   trap 'rm -rf "$build"' EXIT
 fi
-variants=${VARIANTS:-"$(seq -s " " 0 23)"}
+variants=${VARIANTS:-"$(seq -s " " 0 27)"}
 jobs=${MAX_JOBS:-$(nproc)}
 t0=$(date +%s)
 for v in $variants; do
@@ -110,5 +111,5 @@ wait "$main_pid" || { echo "$0: gemm_variant_timing.cu did not build" >&2; exit 
 echo "built ${#objects[@]} variants in $(( $(date +%s) - t0 )) s"
 echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); nvcc: $("$nvcc" --version | tail -1); date: $(date -u +%FT%TZ)"
 "$build/gemm_variant_timing" --rounds "${ROUNDS:-3}" --samples "${SAMPLES:-5}" \
-  --iters "${ITERS:-20}" --rasters "$(echo "${RASTERS:-0}" | tr ' ' ',')" \
+  --iters "${ITERS:-20}" --gap-us "${GAP_US:-0}" --rasters "$(echo "${RASTERS:-0}" | tr ' ' ',')" \
   --swizzles "$(echo "${SWIZZLES:-1}" | tr ' ' ',')" "$@"

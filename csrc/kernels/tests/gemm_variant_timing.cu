@@ -2,11 +2,11 @@
 // given problem shapes, for deciding which tile / cluster / schedule / epilogue changes are
 // worth a configuration of the library (scripts/gemm_variant_ab.sh builds and runs it).
 //
-//   gemm_variant_timing [--rounds R] [--samples S] [--iters I] [--rasters 0,1,2]
-//                       [--swizzles 1,2] MxNxK:tn|nn ...
+//   gemm_variant_timing [--rounds R] [--samples S] [--iters I] [--gap-us G] [--rasters 0,1,2]
+//                       [--swizzles 1,2] MxNxK:tn|nn|nt ...
 //
 // bfloat16, D = A @ B, A row-major, B column-major (tn, a linear layer's forward) or row-major
-// (nn, its dgrad). Each problem runs on rotating operand sets covering twice the L2, so that no
+// (nn, its dgrad), or A column-major and B row-major (nt, its weight gradient). Each problem runs on rotating operand sets covering twice the L2, so that no
 // launch finds its operands in the L2 of the one before. Correctness first: each variant's D on
 // the first set is compared with cuBLAS's (relative max difference, bf16 output). Timing: R
 // rounds, the variants in alternating order (cuBLAS among them); in each, S samples of I
@@ -14,16 +14,24 @@
 // microseconds per launch over all its samples. Prints one line per (problem, variant, raster,
 // swizzle): microseconds, ratio cuBLAS time / ours (> 1: faster than cuBLAS), the correctness
 // check ("MISMATCH" is reported, not fatal: the exit code says only whether the run completed).
+//
+// Power: back-to-back launches of a large GEMM hold an H100 / H200 at its power limit (700 W,
+// the SM clock at 1230-1500 MHz instead of 1980), so their times measure energy per GEMM, not
+// what the GEMM takes inside a training step, where lighter kernels around it keep the clock
+// up. --gap-us G sleeps G microseconds on the host before each sample (the GPU idles), which
+// with --iters 1 times single launches at the clock a step gives them.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gemm_variants.cuh"
@@ -36,7 +44,8 @@ using cutlass_nn::variants::Prepared;
 using cutlass_nn::variants::Problem;
 
 // cuBLAS on the same operands: D row-major [m, n] is D^T column-major [n, m] = op(B) op(A)
-// with B read as an n x k (tn: column-major k x n, transposed) or k x n matrix (nn).
+// with B read as an n x k (tn: column-major k x n, transposed) or k x n matrix (nn, nt), and A
+// as a k x m (tn, nn) or m x k matrix (nt: A column-major, transposed).
 class PreparedCublas final : public Prepared {
  public:
   PreparedCublas(cublasHandle_t handle, const Problem& pr, const std::vector<OperandSet>& sets)
@@ -48,8 +57,10 @@ class PreparedCublas final : public Prepared {
     const int m = static_cast<int>(pr_.m), n = static_cast<int>(pr_.n), k = static_cast<int>(pr_.k);
     const cublasOperation_t op_b = pr_.b_row_major ? CUBLAS_OP_N : CUBLAS_OP_T;
     const int ldb = pr_.b_row_major ? n : k;
-    return cublasGemmEx(handle_, op_b, CUBLAS_OP_N, n, m, k, &alpha, s.b, CUDA_R_16BF, ldb, s.a,
-                        CUDA_R_16BF, k, &beta, s.d, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+    const cublasOperation_t op_a = pr_.a_col_major ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int lda = pr_.a_col_major ? m : k;
+    return cublasGemmEx(handle_, op_b, op_a, n, m, k, &alpha, s.b, CUDA_R_16BF, ldb, s.a,
+                        CUDA_R_16BF, lda, &beta, s.d, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
                         CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
   }
 
@@ -98,6 +109,10 @@ std::vector<float> to_host(const void* d, int64_t count) {
   return out;
 }
 
+const char* layout_name(const Problem& pr) {
+  return pr.a_col_major ? "nt" : pr.b_row_major ? "nn" : "tn";
+}
+
 // max |ours - ref| / max |ref|
 double relative_difference(const std::vector<float>& ours, const std::vector<float>& ref) {
   double diff = 0.0, scale = 0.0;
@@ -114,11 +129,15 @@ bool parse_problem(const char* text, Problem* pr) {
   char layout[8] = {0};
   if (std::sscanf(text, "%lldx%lldx%lld:%2s", &m, &n, &k, layout) != 4) return false;
   if (m <= 0 || n <= 0 || k <= 0) return false;
-  if (std::strcmp(layout, "tn") != 0 && std::strcmp(layout, "nn") != 0) return false;
+  if (std::strcmp(layout, "tn") != 0 && std::strcmp(layout, "nn") != 0 &&
+      std::strcmp(layout, "nt") != 0) {
+    return false;
+  }
   pr->m = m;
   pr->n = n;
   pr->k = k;
-  pr->b_row_major = std::strcmp(layout, "nn") == 0;
+  pr->b_row_major = std::strcmp(layout, "tn") != 0;
+  pr->a_col_major = std::strcmp(layout, "nt") == 0;
   return true;
 }
 
@@ -142,8 +161,8 @@ struct Entry {
 
 int usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s [--rounds R] [--samples S] [--iters I] [--rasters 0,1,2] "
-               "[--swizzles 1,2] MxNxK:tn|nn ...\n",
+               "usage: %s [--rounds R] [--samples S] [--iters I] [--gap-us G] [--rasters 0,1,2] "
+               "[--swizzles 1,2] MxNxK:tn|nn|nt ...\n",
                argv0);
   return 2;
 }
@@ -151,7 +170,7 @@ int usage(const char* argv0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int rounds = 3, samples = 5, iters = 20;
+  int rounds = 3, samples = 5, iters = 20, gap_us = 0;
   std::vector<int> rasters = {0}, swizzles = {1};
   std::vector<Problem> problems;
   for (int i = 1; i < argc; ++i) {
@@ -162,6 +181,8 @@ int main(int argc, char** argv) {
       samples = std::atoi(argv[++i]);
     } else if (i + 1 < argc && a == "--iters") {
       iters = std::atoi(argv[++i]);
+    } else if (i + 1 < argc && a == "--gap-us") {
+      gap_us = std::atoi(argv[++i]);
     } else if (i + 1 < argc && a == "--rasters") {
       rasters = parse_list(argv[++i]);
     } else if (i + 1 < argc && a == "--swizzles") {
@@ -172,7 +193,9 @@ int main(int argc, char** argv) {
       problems.push_back(pr);
     }
   }
-  if (problems.empty() || rounds < 1 || samples < 1 || iters < 1) return usage(argv[0]);
+  if (problems.empty() || rounds < 1 || samples < 1 || iters < 1 || gap_us < 0) {
+    return usage(argv[0]);
+  }
 
   int device = 0, sms = 0, l2 = 0;
   CHECK_CUDA(cudaGetDevice(&device));
@@ -191,8 +214,10 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
   auto& registry = cutlass_nn::variants::variant_registry();
-  std::printf("device %s (%d SMs, L2 %d MiB); %zu variants; rounds %d x samples %d x %d launches\n",
-              prop.name, sms, l2 >> 20, registry.size(), rounds, samples, iters);
+  std::printf(
+      "device %s (%d SMs, L2 %d MiB); %zu variants; rounds %d x samples %d x %d launches; "
+      "%d us idle before each sample\n",
+      prop.name, sms, l2 >> 20, registry.size(), rounds, samples, iters, gap_us);
 
   for (const Problem& pr : problems) {
     Buffers buf;
@@ -218,7 +243,7 @@ int main(int argc, char** argv) {
           std::snprintf(label, sizeof(label), "%s r%d s%d", v.name.c_str(), raster, swizzle);
           if (!p) {
             std::printf("%lldx%lldx%lld:%s  %-40s skipped: %s\n", (long long)pr.m,
-                        (long long)pr.n, (long long)pr.k, pr.b_row_major ? "nn" : "tn", label,
+                        (long long)pr.n, (long long)pr.k, layout_name(pr), label,
                         why.c_str());
             continue;
           }
@@ -240,6 +265,10 @@ int main(int argc, char** argv) {
         if (e.failed) continue;
         for (int w = 0; w < 3; ++w) e.failed = e.failed || !e.prepared->launch(w % nsets, stream);
         for (int s = 0; s < samples && !e.failed; ++s) {
+          if (gap_us > 0) {
+            CHECK_CUDA(cudaStreamSynchronize(stream));
+            std::this_thread::sleep_for(std::chrono::microseconds(gap_us));
+          }
           // one untimed launch first, so the timed ones start on a busy GPU (no idle gap at the
           // first event that the host's enqueue time would fill)
           e.failed = !e.prepared->launch(0, stream);
@@ -256,6 +285,16 @@ int main(int argc, char** argv) {
       }
     }
     CHECK_CUDA(cudaGetLastError());
+    // Checked again after the timed launches: a kernel whose state carries over between
+    // launches (the stream-K reduction's flags) must still give cuBLAS's D.
+    for (size_t j = 1; j < entries.size(); ++j) {
+      Entry& e = entries[j];
+      if (e.failed) continue;
+      CHECK_CUDA(cudaMemsetAsync(buf.sets[0].d, 0, pr.m * pr.n * 2, stream));
+      e.failed = !e.prepared->launch(0, stream);
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      e.check = std::max(e.check, relative_difference(to_host(buf.sets[0].d, pr.m * pr.n), ref));
+    }
     auto median = [](std::vector<float> v) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
@@ -268,12 +307,12 @@ int main(int argc, char** argv) {
     for (const Entry& e : entries) {
       if (e.failed || e.us.empty()) {
         std::printf("%lldx%lldx%lld:%s  %-40s launch failed\n", (long long)pr.m, (long long)pr.n,
-                    (long long)pr.k, pr.b_row_major ? "nn" : "tn", e.label.c_str());
+                    (long long)pr.k, layout_name(pr), e.label.c_str());
         continue;
       }
       const float us = median(e.us);
       std::printf("%lldx%lldx%lld:%s  %-40s %9.2f us  %6.3f  %s (%.1e)\n", (long long)pr.m,
-                  (long long)pr.n, (long long)pr.k, pr.b_row_major ? "nn" : "tn",
+                  (long long)pr.n, (long long)pr.k, layout_name(pr),
                   e.label.c_str(), us, base / us, e.check <= 1e-2 ? "ok" : "MISMATCH", e.check);
     }
     std::fflush(stdout);

@@ -2,8 +2,8 @@
 // epilogue-tile combinations that the library does not build, timed against cuBLAS and against
 // the library's own configurations at chosen problem shapes, before any of them becomes a
 // configuration of gemm_sm90.cuh. Torch-free; bfloat16 operands and output, fp32 accumulation,
-// D = A @ B (no bias, beta = 0), A row-major, B column-major ("tn", the forward) or row-major
-// ("nn", the dgrad).
+// D = A @ B (no bias, beta = 0), A row-major and B column-major ("tn", the forward), both
+// row-major ("nn", the dgrad), or A column-major and B row-major ("nt", the weight gradient).
 //
 // One translation unit per variant (the script writes a two-line .cu that defines
 // CUTLASS_NN_VARIANT and includes this header with CUTLASS_NN_VARIANT_UNIT set), so the variants
@@ -26,10 +26,12 @@
 namespace cutlass_nn {
 namespace variants {
 
-// One GEMM problem: D[m, n] = A[m, k] @ B[k, n]; B column-major (tn) unless b_row_major (nn).
+// One GEMM problem: D[m, n] = A[m, k] @ B[k, n]; A row-major and B column-major (tn) unless
+// b_row_major (nn: B row-major; nt: B row-major and a_col_major, A column-major).
 struct Problem {
   int64_t m = 0, n = 0, k = 0;
   bool b_row_major = false;
+  bool a_col_major = false;
 };
 
 // One of the rotating operand sets a problem is timed on (so that operands come from memory,
@@ -103,8 +105,19 @@ struct WithoutC : Base {
   static constexpr bool kVoidC = true;
 };
 
+// A configuration on CUTLASS's stream-K tile scheduler (the library's StreamKScheduler tag,
+// stream_k_scheduler.cuh), decomposition forced to stream-K: the tiles of the last two waves
+// (all of them below two waves) are split along K over every SM, their partial sums reduced
+// through the workspace (zeroed before every launch, as the library does). CUTLASS 4.2's
+// heuristic decomposition would keep both head GEMMs data-parallel (it takes stream-K only
+// where the last wave is less than half full: 128 of 132 and 76 of 132 tiles are not).
+template <class Base>
+struct WithStreamK : Base {
+  using TileScheduler = kernels::StreamKScheduler;
+};
+
 // Sm90Gemm's mainloop with the epilogue of WithoutC: D = alpha * acc, bf16.
-template <class LayoutB, class Cfg>
+template <class LayoutA, class LayoutB, class Cfg>
 struct Sm90GemmWithoutC {
   using ElementAB = cutlass::bfloat16_t;
   using TileShape = typename Cfg::TileShape;
@@ -116,7 +129,7 @@ struct Sm90GemmWithoutC {
       typename Cfg::EpilogueSchedule,
       cutlass::epilogue::fusion::LinearCombination<ElementAB, float, void, float>>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA, 8,
       ElementAB, LayoutB, 8, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
@@ -128,7 +141,12 @@ struct Sm90GemmWithoutC {
 
   static typename Gemm::Arguments make_arguments(const kernels::GemmParams& p) {
     using cute::_1;
-    typename GemmKernel::StrideA stride_a = cute::make_stride(p.lda, _1{}, int64_t(0));
+    typename GemmKernel::StrideA stride_a;
+    if constexpr (std::is_same<LayoutA, cutlass::layout::RowMajor>::value) {
+      stride_a = cute::make_stride(p.lda, _1{}, int64_t(0));
+    } else {
+      stride_a = cute::make_stride(_1{}, p.lda, int64_t(0));
+    }
     typename GemmKernel::StrideB stride_b;
     if constexpr (std::is_same<LayoutB, cutlass::layout::ColumnMajor>::value) {
       stride_b = cute::make_stride(p.ldb, _1{}, int64_t(0));
@@ -159,16 +177,17 @@ struct VoidCOf : std::false_type {};
 template <class Cfg>
 struct VoidCOf<Cfg, std::void_t<decltype(Cfg::kVoidC)>> : std::bool_constant<Cfg::kVoidC> {};
 
-template <class Cfg, class LayoutB>
+template <class Cfg, class LayoutA, class LayoutB>
 using VariantOp = std::conditional_t<
-    VoidCOf<Cfg>::value, Sm90GemmWithoutC<LayoutB, Cfg>,
-    kernels::Sm90Gemm<cutlass::bfloat16_t, cutlass::bfloat16_t, cutlass::layout::RowMajor,
-                      LayoutB, Cfg, kernels::EpilogueKind::kLinComb,
-                      kernels::Activation::kIdentity>>;
+    VoidCOf<Cfg>::value, Sm90GemmWithoutC<LayoutA, LayoutB, Cfg>,
+    kernels::Sm90Gemm<cutlass::bfloat16_t, cutlass::bfloat16_t, LayoutA, LayoutB, Cfg,
+                      kernels::EpilogueKind::kLinComb, kernels::Activation::kIdentity>>;
 
-template <class Cfg, class LayoutB>
+template <class Cfg, class LayoutA, class LayoutB>
 class PreparedSm90 final : public Prepared {
-  using Op = VariantOp<Cfg, LayoutB>;
+  using Op = VariantOp<Cfg, LayoutA, LayoutB>;
+  static constexpr bool kStreamK =
+      std::is_same<typename Cfg::TileScheduler, kernels::StreamKScheduler>::value;
   using Gemm = typename Op::Gemm;
 
  public:
@@ -186,8 +205,8 @@ class PreparedSm90 final : public Prepared {
       p.n = pr.n;
       p.k = pr.k;
       p.a = s.a;
-      p.lda = pr.k;
-      p.layout_a = kernels::Layout::kRowMajor;
+      p.lda = pr.a_col_major ? pr.m : pr.k;
+      p.layout_a = pr.a_col_major ? kernels::Layout::kColumnMajor : kernels::Layout::kRowMajor;
       p.b = s.b;
       p.ldb = pr.b_row_major ? pr.n : pr.k;
       p.layout_b = pr.b_row_major ? kernels::Layout::kRowMajor : kernels::Layout::kColumnMajor;
@@ -200,6 +219,10 @@ class PreparedSm90 final : public Prepared {
       p.multiprocessors = sms;
       p.swizzle = swizzle;
       typename Gemm::Arguments a = Op::make_arguments(p);
+      if constexpr (kStreamK) {
+        a.scheduler.decomposition_mode =
+            cutlass::gemm::kernel::detail::DecompositionMode::StreamK;
+      }
       using Raster = decltype(a.scheduler.raster_order);
       a.scheduler.raster_order =
           raster == 1 ? Raster::AlongM : raster == 2 ? Raster::AlongN : Raster::Heuristic;
@@ -232,15 +255,25 @@ class PreparedSm90 final : public Prepared {
       }
       params_.push_back(Kernel::to_underlying_arguments(a, workspace_));
     }
+    args_ = std::move(args);
     return true;
   }
 
   bool launch(int set, cudaStream_t stream) override {
+    // The stream-K reduction's flags count arrivals: they are zeroed before every launch (a
+    // memset on the stream, timed with the kernel, as in the library's launches).
+    if constexpr (kStreamK) {
+      if (Gemm::GemmKernel::initialize_workspace(args_[set], workspace_, stream, nullptr) !=
+          cutlass::Status::kSuccess) {
+        return false;
+      }
+    }
     return kernels::detail::launch_sm90<Gemm>(params_[set], stream, /*pdl=*/false) ==
            cutlass::Status::kSuccess;
   }
 
  private:
+  std::vector<typename Gemm::Arguments> args_;
   std::vector<typename Gemm::Params> params_;
   void* workspace_ = nullptr;
 };
@@ -250,13 +283,20 @@ bool register_variant(const char* name) {
   variant_registry().push_back(Variant{
       name, [](const Problem& pr, const std::vector<OperandSet>& sets, int raster, int swizzle,
                int sms, cudaStream_t stream, std::string* why) -> std::unique_ptr<Prepared> {
+        using cutlass::layout::ColumnMajor;
+        using cutlass::layout::RowMajor;
         std::unique_ptr<Prepared> out;
-        if (pr.b_row_major) {
-          auto p = std::make_unique<PreparedSm90<Cfg, cutlass::layout::RowMajor>>();
-          if (p->init(pr, sets, raster, swizzle, sms, stream, why)) out = std::move(p);
+        auto prepare = [&](auto prepared) {
+          if (prepared->init(pr, sets, raster, swizzle, sms, stream, why)) {
+            out = std::move(prepared);
+          }
+        };
+        if (pr.a_col_major) {
+          prepare(std::make_unique<PreparedSm90<Cfg, ColumnMajor, RowMajor>>());
+        } else if (pr.b_row_major) {
+          prepare(std::make_unique<PreparedSm90<Cfg, RowMajor, RowMajor>>());
         } else {
-          auto p = std::make_unique<PreparedSm90<Cfg, cutlass::layout::ColumnMajor>>();
-          if (p->init(pr, sets, raster, swizzle, sms, stream, why)) out = std::move(p);
+          prepare(std::make_unique<PreparedSm90<Cfg, RowMajor, ColumnMajor>>());
         }
         return out;
       }});
@@ -313,7 +353,16 @@ using AllConfigs = std::tuple<
     // fragment (88 floats beside the 176 accumulators) spills: 422 bytes, -Xptxas -v.
     WithoutC<VariantConfigWithEpilogueTile<128, 176, 64, 2, 1, true, 64, 176>>,  // 21
     VariantConfigWithEpilogueTile<128, 176, 64, 2, 1, true, 64, 176>,            // 22
-    WithoutC<VariantConfigWithEpilogueTile<128, 176, 64, 1, 1, true, 64, 176>>>;  // 23
+    WithoutC<VariantConfigWithEpilogueTile<128, 176, 64, 1, 1, true, 64, 176>>,  // 23
+    // 24-27: the large tiles on the stream-K scheduler, for the language-model head's dgrad
+    // (4096 x 1024 x 32000: 128 tiles of 128x256 on 132 SMs, each over 500 k-blocks) and weight
+    // gradient (32000 x 1024 x 4096: 1000 tiles, 7.6 waves), where cuBLAS runs 5% ahead: the
+    // last partial wave's K spread over every SM. Config 0 with and without its cluster, config
+    // 14, and config 0 without C.
+    WithStreamK<kernels::Sm90TileConfig<0>>,                             // 24
+    WithStreamK<VariantConfig<128, 256, 64, 1, 1, false>>,               // 25
+    WithStreamK<kernels::Sm90TileConfig<14>>,                            // 26
+    WithoutC<WithStreamK<kernels::Sm90TileConfig<0>>>>;                  // 27
 constexpr const char* kLabels[] = {
     "c0 128x256 2x1 coop",        "c3 128x128 1x2 pingpong",      "c14 256x128 1x2 coop",
     "256x128 2x1 coop",           "256x128 1x1 coop",             "256x128 1x2 coop epi128x64",
@@ -325,7 +374,9 @@ constexpr const char* kLabels[] = {
     "128x128x128 1x1 pingpong",    "128x128x128 1x2 pingpong",
     "c3 without C",                "c15 without C",                "c0 without C",
     "128x176 2x1 pingpong epi64x176 without C", "128x176 2x1 pingpong epi64x176",
-    "128x176 1x1 pingpong epi64x176 without C"};
+    "128x176 1x1 pingpong epi64x176 without C",
+    "c0 stream-K",                 "128x256 1x1 coop stream-K",    "c14 stream-K",
+    "c0 stream-K without C"};
 static_assert(std::size(kLabels) == std::tuple_size_v<AllConfigs>, "one label per variant");
 static_assert(CUTLASS_NN_VARIANT >= 0 && CUTLASS_NN_VARIANT < std::tuple_size_v<AllConfigs>,
               "gemm_variants.cuh: CUTLASS_NN_VARIANT names no variant");
