@@ -94,8 +94,11 @@ EPILOGUES = {"kLinComb": "", "kAct": "", "kActAux": "_aux", "kLinCombColMajorD":
 # The configurations that also have kernels without a C operand (kLinCombNoC: beta = 0, no
 # bias), for every 16-bit layout with the input dtype out: the 128x128 ping-pong tiles that the
 # rule gives the K <= 3072 GEMMs of transformer layers, where these kernels ran 2-5% faster on an
-# H200 (benchmarks/NOTES.md, thirty-fourth session; results/variant_ab_nvidia-h200_*-0717*.txt).
-SM90_WITHOUT_C_CONFIGS = (3, 15)
+# H200 (benchmarks/NOTES.md, thirty-fourth session; results/variant_ab_nvidia-h200_*-0717*.txt),
+# and (v0.39) the cooperative 128x256 / 256x128 tiles of the large GEMMs, config 0 without C 1-3%
+# faster on the language-model head's forward and weight gradient at a training step's clock
+# (thirty-fifth session; results/variant_ab_nvidia-h200_20261129-110454.txt).
+SM90_WITHOUT_C_CONFIGS = (3, 15, 0, 14)
 # The SM90 configuration of the fused bias + activation forward kernels: ping-pong, whose
 # epilogue (the activation math, the extra pre-activation store) overlaps the other warpgroup's
 # mainloop.

@@ -554,11 +554,14 @@ def test_rule_at_transformer_shapes(op, shape, config, dtype, gen):
     assert_unchanged(args, before, context)
 
 
-# v0.38: kernels without a C operand (configs 3 and 15, 16-bit in and out, every layout) for plain
-# products: the same product as the kernel with C, bitwise (same mainloop; with beta = 0 the
-# kernel with C never reads C), and never for a bias.
+# Kernels without a C operand (configs 3 and 15 since v0.38, 0 and 14 since v0.39; 16-bit in and
+# out, every layout) for plain products: the same product as the kernel with C, bitwise (same
+# mainloop; with beta = 0 the kernel with C never reads C), and never for a bias.
+WITHOUT_C_CONFIGS = [3, 15, 0, 14]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
-@pytest.mark.parametrize("config", [3, 15])
+@pytest.mark.parametrize("config", WITHOUT_C_CONFIGS)
 @pytest.mark.parametrize("op", ["linear_nobias", "linear_dgrad", "linear_wgrad", "mm"])
 @pytest.mark.parametrize("shape", [(4096, 2816, 1024), (1000, 1032, 776)], ids=["aligned", "partial-tiles"])
 def test_plain_product_runs_without_c(op, config, dtype, shape, gen):
@@ -584,7 +587,7 @@ def test_plain_product_runs_without_c(op, config, dtype, shape, gen):
     assert_unchanged(args, before, context)
 
 
-@pytest.mark.parametrize("config", [3, 15])
+@pytest.mark.parametrize("config", WITHOUT_C_CONFIGS)
 def test_bias_keeps_the_kernel_with_c(config, gen):
     needs_sm90()
     args = gemm_args("linear", 4096, 2816, 1024, torch.bfloat16, "contig", gen)

@@ -337,31 +337,38 @@ def test_fused_epilogue(harness):
     assert got.config == 3 and got.kernel.endswith("pingpong_relu"), got
 
 
-# The kernels without a C operand (v0.38, EpilogueKind::kLinCombNoC): configs 3 and 15, 16-bit in
-# and out, every layout; a plain product takes them, a bias or beta != 0 does not.
+# The kernels without a C operand (EpilogueKind::kLinCombNoC): configs 3 and 15 (v0.38), 0 and 14
+# (v0.39), 16-bit in and out, every layout; a plain product takes them, a bias or beta != 0 does
+# not.
+WITHOUT_C_TILES = {3: "128x128x64_1x2x1_pingpong", 15: "128x128x64_1x1x1_pingpong",
+                   0: "128x256x64_2x1x1_coop", 14: "256x128x64_1x2x1_coop"}
+
+
 @pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad"])
-@pytest.mark.parametrize("config", [3, 15])
+@pytest.mark.parametrize("config", sorted(WITHOUT_C_TILES))
 def test_plain_product_takes_the_kernel_without_c(harness, op, config):
     p = plan(harness, op, 4096, 2816, 1024, config=config)
-    assert p.config == config and "_noc_" in p.kernel and p.kernel.endswith("pingpong"), p
+    assert p.config == config and p.kernel.endswith("_noc_" + WITHOUT_C_TILES[config]), p
     kept = plan(harness, op, 4096, 2816, 1024, config=config, without_c=False)
-    assert kept.config == config and "pingpong" in kept.kernel and "_noc_" not in kept.kernel
-    assert kept.kernel == p.kernel.replace("_noc_", "_")
+    assert kept.config == config and kept.kernel.endswith("_" + WITHOUT_C_TILES[config])
+    assert "_noc_" not in kept.kernel and kept.kernel == p.kernel.replace("_noc_", "_")
 
 
 @pytest.mark.parametrize("c_mode", [1, 2], ids=["bias", "beta1"])
 def test_bias_or_accumulation_keeps_the_kernel_with_c(harness, c_mode):
-    for config in (3, 15):
+    for config, tile in WITHOUT_C_TILES.items():
         p = plan(harness, "fwd", 4096, 2816, 1024, config=config, c_mode=c_mode)
-        assert p.config == config and "pingpong" in p.kernel and "_noc_" not in p.kernel, p
+        assert p.config == config and p.kernel.endswith(tile) and "_noc_" not in p.kernel, p
 
 
 def test_kernels_without_c_only_where_built(harness):
-    # the rule's own choices: config 15 / 3 run without C, config 0 (no such kernel) with it
+    # the rule's own choices: configs 15 / 3 / 0 run without C, config 13 (no such kernel) with it
     assert plan(harness, "fwd", 4096, 1024, 1024).kernel.endswith("_noc_128x128x64_1x1x1_pingpong")
     assert plan(harness, "fwd", 4096, 2816, 1024).kernel.endswith("_noc_128x128x64_1x2x1_pingpong")
     big = plan(harness, "fwd", 4096, 4096, 4096)
-    assert big.config == 0 and "_noc_" not in big.kernel
+    assert big.config == 0 and big.kernel.endswith("_noc_128x256x64_2x1x1_coop"), big
+    small = plan(harness, "wgrad", 1024, 1024, 4096)
+    assert small.config == 13 and "_noc_" not in small.kernel, small
     # a float32 output (the main-gradient wgrad) has no kernel without C
     f32 = plan(harness, "wgrad", 4096, 4096, 1024, out_f32=True, config=3)
     assert "_noc_" not in f32.kernel and "bf16_f32" in f32.kernel

@@ -29,8 +29,9 @@ enum class EpilogueKind : int {
   kLinCombColMajorD = 3,
   // D = alpha * acc, row-major, with no C operand (CUTLASS's ElementC = void): no C stages in
   // shared memory and delayed TMA-store waits, 2-5% faster than kLinComb on the K <= 3072
-  // GEMMs of transformer layers (benchmarks/NOTES.md, thirty-fourth session). The dispatcher
-  // takes it for beta == 0 without a bias where a configuration has such a kernel.
+  // GEMMs of transformer layers (benchmarks/NOTES.md, thirty-fourth session), 1-3% on the
+  // language-model head's forward and weight gradient with config 0 (thirty-fifth session). The
+  // dispatcher takes it for beta == 0 without a bias where a configuration has such a kernel.
   kLinCombNoC = 4,
 };
 
