@@ -10,8 +10,10 @@
 #          4096x2816x1024:tn 4096x4096x1024:nn
 # Environment: CUDA_HOME (default /usr/local/cuda), VARIANTS (the variant numbers to build,
 # default all: "0 1 ... 27"), MAX_JOBS (parallel nvcc jobs, default nproc), ROUNDS,
-# SAMPLES, ITERS, GAP_US (host sleep before each sample, default 0: with ITERS=1, single
-# launches at the clock a training step gives them instead of at the power limit), RASTERS (0 CUTLASS's heuristic, 1 along M, 2 along N; default "0"), SWIZZLES
+# SAMPLES, ITERS, GAP_US (host sleep before each sample, default 0: with ITERS=1 each sample
+# times one launch after an idle GPU, near the clock a training step gives it, instead of
+# back-to-back launches at the power limit), RASTERS (0 CUTLASS's heuristic, 1 along M, 2 along
+# N; default "0"), SWIZZLES
 # (default "1"; the rule runs config 14 with a swizzle of 2 at many shapes: pass "1 2" to
 # compare with it), BUILD_DIR (default: a temporary folder, removed at the end), CUBLAS_HOME (a
 # folder with include/cublas_v2.h and lib/libcublas.so*; default: the CUDA toolkit's, else the

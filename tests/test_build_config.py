@@ -159,6 +159,15 @@ def test_ci_kernel_set_compiles_one_kernel_per_family(monkeypatch, tmp_path):
     assert {gk.family_key(k) for k in kept} | {gk.family_key(k) for k in kernels
                                                 if k.family == "kFallback"} == families
     assert len({gk.family_key(k) for k in kept}) == len(kept)  # one per family
+    # the grouping itself: every SM90 schedule of the configuration table is compiled, and the
+    # SM90 kernels kept have both K-major ("tn") and MN-major ("nt") operands
+    sm90 = [k for k in kept if k.family == "kSm90TmaWs"]
+    assert {gk.sm90_schedule(k.config) for k in sm90} == {
+        gk.sm90_schedule(c) for c in gk.SM90_CONFIG_NAMES}
+    assert {"coop", "pingpong", "coop_streamk", "pingpong_swapab", "coop_promoted"} <= {
+        gk.sm90_schedule(k.config) for k in sm90}
+    assert {"tn", "nt"} <= {k.layout for k in sm90}
+    assert {k.epilogue for k in sm90} == {k.epilogue for k in kernels if k.family == "kSm90TmaWs"}
     # registry rows compiled in subset mode = the kept kernels + the fallbacks
     registry = (root / gen / "kernel_registry.inc").read_text()
     rows = re.findall(r'(#if ([^\n]*)\n)?CUTLASS_NN_KERNEL\([^\n]*"([^"]+)"\)', registry)

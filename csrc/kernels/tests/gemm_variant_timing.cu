@@ -18,8 +18,10 @@
 // Power: back-to-back launches of a large GEMM hold an H100 / H200 at its power limit (700 W,
 // the SM clock at 1230-1500 MHz instead of 1980), so their times measure energy per GEMM, not
 // what the GEMM takes inside a training step, where lighter kernels around it keep the clock
-// up. --gap-us G sleeps G microseconds on the host before each sample (the GPU idles), which
-// with --iters 1 times single launches at the clock a step gives them.
+// up. --gap-us G sleeps G microseconds on the host before each sample (the GPU idles); with
+// --iters 1 each sample then times one launch, which follows the gap and one untimed launch
+// (that one keeps the host's enqueue out of the timed interval), and the large GEMMs' times
+// come within 2% of those measured inside training steps.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
