@@ -141,8 +141,10 @@ def test_ci_kernel_set_compiles_one_kernel_per_family(monkeypatch, tmp_path):
     # every file of the list exists (a listed file the glob does not find would be a silent gap)
     assert {f"{gen}{n}" for n in open(bc.SUBSET_LIST).read().split() if not n.startswith("#")
             and n.endswith(".cu")} == ci_gen
-    assert {s for s in full.sources if not s.startswith(gen)} == {
-        s for s in ci.sources if not s.startswith(gen)}
+    # hand-written sources: all of them, but for the FP8 GEMM units outside FP8_CI_UNITS
+    fp8 = "csrc/kernels/fp8_gemm_sm90_"
+    assert {s for s in full.sources if not s.startswith((gen, fp8))} == {
+        s for s in ci.sources if not s.startswith((gen, fp8))}
     assert ("CUTLASS_NN_KERNEL_SUBSET", "1") in ci.define_macros
     assert ("CUTLASS_NN_KERNEL_SET", '"ci"') in ci.define_macros
     assert all(name != "CUTLASS_NN_KERNEL_SUBSET" for name, _ in full.define_macros)
@@ -173,3 +175,51 @@ def test_ci_kernel_set_compiles_one_kernel_per_family(monkeypatch, tmp_path):
     rows = re.findall(r'(#if ([^\n]*)\n)?CUTLASS_NN_KERNEL\([^\n]*"([^"]+)"\)', registry)
     in_subset = {name for _, cond, name in rows if "!defined(CUTLASS_NN_KERNEL_SUBSET)" not in cond}
     assert in_subset == {k.name for k in kept} | {k.name for k in kernels if k.family == "kFallback"}
+
+
+def _fp8_instantiations(path) -> set[tuple[str, str, int]]:
+    """(A format, output dtype, config) of each ``fp8_gemm_launch`` a unit instantiates."""
+    import re
+
+    text = open(path).read()
+    return {(a, d, int(c)) for a, d, c in re.findall(
+        r"template GemmStatus fp8_gemm_launch<Fp8Format::(\w+), DType::(\w+), (\d+)>", text)}
+
+
+def test_ci_kernel_set_compiles_one_fp8_unit_per_family(monkeypatch, tmp_path):
+    """The CI set keeps the FP8 GEMM units of FP8_CI_UNITS only, every one of which exists, and
+    covers each FP8 family: CUTLASS's mainloop (cooperative and ping-pong), fast accumulation,
+    the overlapped promotions (with the stream-K scheduler), float32 output and an e5m2 A
+    operand. The dispatch table's rows compiled in subset mode are exactly the kept units'
+    kernels (a row of a unit left out would not link; a kept kernel without a row never runs),
+    and the full set has a row for every kernel of every unit."""
+    import pathlib
+    import re
+
+    full = _cuda_config(monkeypatch, tmp_path, "full")
+    ci = _cuda_config(monkeypatch, tmp_path, "ci")
+    prefix = "csrc/kernels/fp8_gemm_sm90_"
+    full_fp8 = {s for s in full.sources if s.startswith(prefix)}
+    ci_fp8 = {s for s in ci.sources if s.startswith(prefix)}
+    assert ci_fp8 == {f"csrc/kernels/{name}" for name in bc.FP8_CI_UNITS}
+    assert ci_fp8 < full_fp8 and len(full_fp8) == 11
+
+    root = pathlib.Path(bc.ROOT)
+    kept = set().union(*(_fp8_instantiations(root / s) for s in ci_fp8))
+    every = set().union(*(_fp8_instantiations(root / s) for s in full_fp8))
+    assert {d for _, d, _ in kept} == {"kBFloat16", "kFloat32"}
+    assert {a for a, _, _ in kept} == {"kE4M3", "kE5M2"}
+    # configs (fp8_gemm_dispatch.cu's kConfigNames): 0 / 1 CUTLASS's mainloop, coop / ping-pong;
+    # 2 fast accumulation; 5 / 6 / 7 overlapped promotions, coop / ping-pong / stream-K
+    assert {c for _, _, c in kept} >= {0, 1, 2, 5, 6, 7}
+
+    table = (root / "csrc/kernels/fp8_gemm_dispatch.cu").read_text()
+    body = table[table.index("constexpr Fp8Kernel kKernels[] = {"):]
+    body = body[:body.index("\n};")]
+    rows = re.findall(r"(#if ([^\n]*)\n)?    \{Fp8Format::(\w+), DType::(\w+), (\d+),", body)
+    in_full = {(a, d, int(c)) for _, _, a, d, c in rows}
+    in_subset = {(a, d, int(c)) for _, cond, a, d, c in rows
+                 if "!defined(CUTLASS_NN_KERNEL_SUBSET)" not in cond}
+    assert len(rows) == len(in_full) == len(every)
+    assert in_full == every
+    assert in_subset == kept
