@@ -25,6 +25,12 @@ git ls-files -z | xargs -0 -I{} cp --parents {} "$copy"
 start=$(date +%s)
 (cd "$copy" && "$root/.venv-cuda/bin/pip" install -q --no-build-isolation --no-deps .)
 echo "CUDA-flavor build: $(( $(date +%s) - start )) s with MAX_JOBS=$MAX_JOBS, kernel set $CUTLASS_NN_KERNEL_SET"
+# Where the build's time goes: ninja's log of the compile (pip builds in the copy's build/), the
+# slowest units first, so that the next cut of the CI kernel set can be chosen from a measurement.
+ninja_log=$(ls "$copy"/build/temp*/.ninja_log 2>/dev/null | head -1 || true)
+if [ -n "$ninja_log" ]; then
+  python3 scripts/ninja_log_summary.py "$ninja_log" --top 15
+fi
 cd "$copy"   # import the installed package, not the source tree
 rm -rf cutlass_nn
 "$root/.venv-cuda/bin/python" -m cutlass_nn.info
