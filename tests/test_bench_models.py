@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 
 import pytest
 import torch
@@ -484,3 +485,49 @@ def test_old_rows_are_read_with_the_paired_ratio():
     assert peer["ours_vs_peer_of_medians"] == pytest.approx(1.0)
     assert peer["loss"]["agree"]
 
+
+
+def test_median_ci95_is_the_binomial_interval_and_covers_the_median():
+    """The interval of the paired median: the order statistics of the sign test's 95% interval
+    (ranks 1 and 6 of 6 values, 7 and 18 of 24), none below 6 values, and, drawn again and
+    again from a skewed distribution, it holds the true median at least 95% of the time."""
+    import random
+
+    from cutlass_nn.bench.stats import median_ci95
+
+    assert median_ci95([6.0, 1.0, 5.0, 2.0, 4.0, 3.0]) == (1.0, 6.0)
+    assert median_ci95([float(i) for i in range(24, 0, -1)]) == (7.0, 18.0)
+    assert all(math.isnan(x) for x in median_ci95([1.0] * 5))
+    rng = random.Random(3)
+    trials, hits = 2000, 0
+    for _ in range(trials):
+        lo, hi = median_ci95([rng.expovariate(1.0) for _ in range(40)])
+        hits += lo <= math.log(2) <= hi
+    assert 0.95 <= hits / trials < 0.995
+
+
+def test_host_rows_below_parity_say_whether_the_run_resolves_them():
+    """A host-bound row under 1.00 is a miss either way; the targets say with its 95% interval
+    whether the run could tell it from parity (a wide interval holding 1.00) or not."""
+    from cutlass_nn.bench.stats import paired_ratio_spread
+
+    def row(label, stock, ours):
+        b = paired_ratio_spread(stock, ours)
+        return {"status": "ok", "size": "host", "label": label, "ratio": b["median"],
+                "block_ratio": b, "memory_ratio": 1.0, "loss": {"agree": True}}
+
+    noisy = row("noisy", [5.0, 6.0, 5.5, 4.5, 6.5, 5.0, 6.0, 5.2],
+                [5.6, 5.4, 5.9, 5.0, 6.0, 5.6, 5.5, 5.8])
+    clear = row("clear", [5.0] * 8, [5.3, 5.25, 5.35, 5.3, 5.28, 5.32, 5.3, 5.31])
+    fast = row("fast", [5.5] * 8, [5.0] * 8)
+    t = bench_models.targets([noisy, clear, fast])
+    assert not t["host_bound_pass"]
+    assert [b["label"] for b in t["host_bound_below"]] == ["noisy", "clear"]
+    line = bench_models.format_targets(t)[0]
+    assert "noisy" in line and "holds 1.00: not resolved by this run" in line.split("; clear")[0]
+    assert "clear" in line and "not resolved" not in line.split("; clear")[1]
+    assert "fast" not in line
+    assert bench_models.ci95_text(fast) == "[1.100, 1.100]"
+    old = dict(noisy, block_ratio={"median": 0.98, "p25": 0.9, "p75": 1.1, "n": 8})
+    assert bench_models.ci95_text(old) == "-"
+    assert "95% CI -" in bench_models.format_targets(bench_models.targets([old]))[0]

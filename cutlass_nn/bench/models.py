@@ -78,6 +78,7 @@ from cutlass_nn.bench.block_probe import BlockProbe
 from cutlass_nn.bench.memory_trace import SideMemoryTrace, format_difference, recording
 from cutlass_nn.bench.models_report import (  # noqa: F401 (targets: part of this module's API)
     LOSS_RTOL,
+    ci95_text,
     fmt_or_dash,
     format_table,
     format_targets,
@@ -661,7 +662,8 @@ def main(argv: Sequence[str]) -> int:
         if row["status"] == "ok":
             print(f"[{i + 1}/{len(specs)} {time.monotonic() - t0:4.0f}s] {spec.label}: stock "
                   f"{row['stock']['step_ms']:.2f} ms, cutlass_nn {row['cutlass_nn']['step_ms']:.2f} ms, "
-                  f"ratio {row['ratio']:.3f} (rounds' IQR {ratio_spread_text(row)}; of median "
+                  f"ratio {row['ratio']:.3f} (rounds' IQR {ratio_spread_text(row)}, 95% CI "
+                  f"{ci95_text(row)}; of median "
                   f"steps {row['ratio_of_medians']:.3f}), memory "
                   f"{fmt_or_dash(row.get('memory_ratio'), '.3f')} (tensor bytes "
                   f"{fmt_or_dash(row.get('memory_ratio_requested'), '.4f')}), "

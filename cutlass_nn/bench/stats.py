@@ -37,12 +37,39 @@ def paired_ratio_spread(stock_ms: Sequence[float], ours_ms: Sequence[float]) -> 
     side: host jitter, a background compile) shows it as a wide interquartile range, which the
     ratio of the two sides' medians alone hides."""
     ratios = [s / o for s, o in zip(stock_ms, ours_ms) if o > 0 and math.isfinite(s / o)]
+    lo, hi = median_ci95(ratios)
     return {
         "median": percentile(ratios, 50),
         "p25": percentile(ratios, 25),
         "p75": percentile(ratios, 75),
         "n": len(ratios),
+        "ci95_lo": lo,
+        "ci95_hi": hi,
     }
+
+
+def median_ci95(values: Sequence[float]) -> tuple[float, float]:
+    """A distribution-free 95% confidence interval of the median of ``values`` (independent
+    draws of one distribution): the order statistics x_(j) and x_(n+1-j), j the largest rank with
+    P(Binomial(n, 1/2) < j) <= 0.025, so that the interval holds the true median with at least
+    95% probability whatever the distribution. (NaN, NaN) below 6 values, where even the whole
+    range is not a 95% interval. Host-bound rows of the model benchmark need it: their rounds'
+    ratios spread by 10-20% (host jitter that adjacent blocks do not share), so a median of a few
+    dozen rounds cannot tell a 2% difference from none (NOTES, thirty-sixth session)."""
+    xs = sorted(values)
+    n = len(xs)
+    if n < 6:
+        return math.nan, math.nan
+    below = 0.0  # P(Binomial(n, 1/2) < j), for j = 1, 2, ...
+    j = 0
+    while True:
+        nxt = below + math.comb(n, j) / 2**n  # P(B < j + 1)
+        if nxt > 0.025:
+            break
+        below = nxt
+        j += 1
+    # j = the largest rank (1-based) with P(B < j) <= 0.025; at n >= 6, j >= 1
+    return xs[j - 1], xs[n - j]
 
 
 def gemm_flops(op: str, m: int, n: int, k: int) -> int:
