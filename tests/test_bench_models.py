@@ -441,6 +441,11 @@ def test_memory_reading_collects_garbage_first(monkeypatch):
         del cycle
         assert live["bytes"] == 4096 + (1 << 20)  # the cycle's block is still allocated
         assert bench_models._memory_now("cpu") == (4096, 4096)
+        # the timed blocks' readings collect the young generations: a cycle made since is freed
+        cycle = [Block(1 << 20)]
+        cycle.append(cycle)
+        del cycle
+        assert bench_models._memory_now("cpu", generation=1) == (4096, 4096)
     finally:
         if was_enabled:
             gc.enable()

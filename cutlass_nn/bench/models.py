@@ -222,13 +222,17 @@ SIDE_CONTEXTS: dict[str, Callable[[], AbstractContextManager]] = {
 }
 
 
-def _memory_now(device) -> tuple[int, int]:
+def _memory_now(device, generation: int = 2) -> tuple[int, int]:
     """(allocated, requested) memory, read after freeing cyclic garbage (else a later side is
     credited it): the allocator's blocks, and the bytes their tensors asked for. The two differ
     by the allocator's rounding (a free block up to 1 MiB larger than asked is handed out whole),
     which depends on what happened to be free, not on what a side keeps; every block is also
-    rounded up to a multiple of 512 bytes."""
-    gc.collect()
+    rounded up to a multiple of 512 bytes. ``generation``: the oldest generation collected; the
+    readings at the start of each timed block collect the young ones only: the garbage of the
+    steps before is young, and a 1000-step compiled row on the GPU machine spent about 0.4 s per
+    block outside its steps, most likely these full collections of the heap Dynamo and Inductor
+    build (not timed apart; NOTES, thirty-sixth session)."""
+    gc.collect(generation)
     return _memory_with_workspaces(device)
 
 
@@ -321,7 +325,7 @@ def run_sides(
         for side in order if rounds % 2 == 0 else order[::-1]:
             rec, trainer = out[side], trainers[side]
             _sync(device)
-            start_alloc = _memory_now(device)
+            start_alloc = _memory_now(device, generation=1)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             pending = []
