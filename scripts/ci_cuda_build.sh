@@ -29,7 +29,8 @@ echo "CUDA-flavor build: $(( $(date +%s) - start )) s with MAX_JOBS=$MAX_JOBS, k
 # slowest units first, so that the next cut of the CI kernel set can be chosen from a measurement.
 ninja_log=$(ls "$copy"/build/temp*/.ninja_log 2>/dev/null | head -1 || true)
 if [ -n "$ninja_log" ]; then
-  python3 scripts/ninja_log_summary.py "$ninja_log" --top 15
+  # informative only: a summary that fails must not fail the build that succeeded
+  python3 scripts/ninja_log_summary.py "$ninja_log" --top 15 || echo "ninja log summary failed"
 fi
 cd "$copy"   # import the installed package, not the source tree
 rm -rf cutlass_nn

@@ -16,8 +16,9 @@ import sys
 
 
 def read_log(path: str) -> list[tuple[float, str]]:
-    """(seconds, output path) of each entry of a ninja log (format v5: start, end, mtime, output,
-    command hash; milliseconds). A unit built more than once keeps its last entry, as ninja does."""
+    """(seconds, output path) of each entry of a ninja log (formats v5-v7: start, end, mtime,
+    output, command hash; milliseconds). A unit built more than once keeps its last entry, as
+    ninja does. Lines that are not such entries are skipped."""
     latest: dict[str, float] = {}
     with open(path) as f:
         for line in f:
@@ -27,6 +28,8 @@ def read_log(path: str) -> list[tuple[float, str]]:
             if len(fields) < 4:
                 continue
             start, end, _mtime, output = fields[:4]
+            if not (start.isdigit() and end.isdigit()):
+                continue
             latest[output] = (int(end) - int(start)) / 1000.0
     return sorted(((s, out) for out, s in latest.items()), reverse=True)
 
@@ -56,7 +59,7 @@ def main(argv: list[str]) -> int:
         t, n = sums.get(group(out), (0.0, 0))
         sums[group(out)] = (t + s, n + 1)
     for name, (t, n) in sorted(sums.items(), key=lambda kv: -kv[1][0]):
-        print(f"  {name}: {n} units, {t:.0f} s ({100 * t / total:.0f}%)")
+        print(f"  {name}: {n} units, {t:.0f} s ({100 * t / max(total, 1e-9):.0f}%)")
     print(f"  slowest {min(args.top, len(entries))}:")
     for s, out in entries[: args.top]:
         print(f"    {s:7.1f} s  {short(out)}")

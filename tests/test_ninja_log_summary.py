@@ -20,6 +20,8 @@ LOG = """# ninja log v5
 0\t75500\t0\t/b/csrc/kernels/fp8_gemm_sm90_e4m3_bf16.o\t2b
 100\t12100\t0\t/b/csrc/ops_registry.o\t3c
 50000\t60000\t0\t/b/csrc/kernels/generated/sm90_a.o\t4d
+not an entry
+x\ty\t0\t/b/csrc/broken.o\t5e
 """
 
 

@@ -23,71 +23,58 @@ struct Fp8Kernel {
 // Every compiled FP8 kernel. B is always e4m3 (the weight, or the input for the weight
 // gradient); A is e4m3 (the input) or e5m2 (an output gradient). CUTLASS_NN_KERNEL_SUBSET (the CI
 // kernel set, cutlass_nn/_build_config.py's FP8_CI_UNITS) compiles one unit per FP8 kernel family
-// (CUTLASS's mainloop, the fast-accumulation one, the overlapped-promotion one, float32 output,
-// an e5m2 A operand): the rows of the units it leaves out are left out with them.
+// (the overlapped-promotion mainloop the rule runs, for an e4m3 and an e5m2 A; the
+// fast-accumulation one; CUTLASS's own, with float32 output): the rows of the units it leaves out
+// are left out with them, after the kept units' rows. The order of the rows does not matter: each
+// (A format, output dtype, config) is one row.
 #if defined(CUTLASS_NN_HAS_SM90)
 constexpr Fp8Kernel kKernels[] = {
-    {Fp8Format::kE4M3, DType::kBFloat16, 0, "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop",
-     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 0>},
-    {Fp8Format::kE4M3, DType::kBFloat16, 1, "sm90_fp8_e4m3_e4m3_bf16_64x128x128_1x1x1_pingpong",
-     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 1>},
     {Fp8Format::kE4M3, DType::kBFloat16, 2,
      "sm90_fp8_e4m3_e4m3_bf16_128x256x128_2x1x1_coop_fastaccum",
      &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 2>},
-#if !defined(CUTLASS_NN_KERNEL_SUBSET)
-    {Fp8Format::kE5M2, DType::kBFloat16, 0, "sm90_fp8_e5m2_e4m3_bf16_128x128x128_2x1x1_coop",
-     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 0>},
-#endif
-#if !defined(CUTLASS_NN_KERNEL_SUBSET)
-    {Fp8Format::kE5M2, DType::kBFloat16, 1, "sm90_fp8_e5m2_e4m3_bf16_64x128x128_1x1x1_pingpong",
-     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 1>},
-#endif
-#if !defined(CUTLASS_NN_KERNEL_SUBSET)
-    {Fp8Format::kE4M3, DType::kBFloat16, 3,
-     "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop_streamk",
-     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 3>},
-#endif
-#if !defined(CUTLASS_NN_KERNEL_SUBSET)
-    {Fp8Format::kE5M2, DType::kBFloat16, 3,
-     "sm90_fp8_e5m2_e4m3_bf16_128x128x128_2x1x1_coop_streamk",
-     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 3>},
-#endif
-#if !defined(CUTLASS_NN_KERNEL_SUBSET)
-    {Fp8Format::kE4M3, DType::kBFloat16, 4, "sm90_fp8_e4m3_e4m3_bf16_128x192x128_2x1x1_coop",
-     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 4>},
-#endif
-#if !defined(CUTLASS_NN_KERNEL_SUBSET)
-    {Fp8Format::kE5M2, DType::kBFloat16, 4, "sm90_fp8_e5m2_e4m3_bf16_128x192x128_2x1x1_coop",
-     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 4>},
-#endif
     {Fp8Format::kE4M3, DType::kBFloat16, 5,
      "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop_overlap",
      &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 5>},
-#if !defined(CUTLASS_NN_KERNEL_SUBSET)
     {Fp8Format::kE5M2, DType::kBFloat16, 5,
      "sm90_fp8_e5m2_e4m3_bf16_128x128x128_2x1x1_coop_overlap",
      &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 5>},
-#endif
     {Fp8Format::kE4M3, DType::kBFloat16, 6,
      "sm90_fp8_e4m3_e4m3_bf16_64x128x128_1x1x1_pingpong_overlap",
      &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 6>},
-#if !defined(CUTLASS_NN_KERNEL_SUBSET)
     {Fp8Format::kE5M2, DType::kBFloat16, 6,
      "sm90_fp8_e5m2_e4m3_bf16_64x128x128_1x1x1_pingpong_overlap",
      &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 6>},
-#endif
     {Fp8Format::kE4M3, DType::kBFloat16, 7,
      "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop_overlap_streamk",
      &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 7>},
-#if !defined(CUTLASS_NN_KERNEL_SUBSET)
     {Fp8Format::kE5M2, DType::kBFloat16, 7,
      "sm90_fp8_e5m2_e4m3_bf16_128x128x128_2x1x1_coop_overlap_streamk",
      &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 7>},
-#endif
     {Fp8Format::kE4M3, DType::kFloat32, 0, "sm90_fp8_e4m3_e4m3_f32_128x128x128_2x1x1_coop",
      &fp8_gemm_launch<Fp8Format::kE4M3, DType::kFloat32, 0>},
     {Fp8Format::kE5M2, DType::kFloat32, 0, "sm90_fp8_e5m2_e4m3_f32_128x128x128_2x1x1_coop",
      &fp8_gemm_launch<Fp8Format::kE5M2, DType::kFloat32, 0>},
+#if !defined(CUTLASS_NN_KERNEL_SUBSET)
+    // the units outside the CI kernel set (cutlass_nn/_build_config.py's FP8_CI_UNITS)
+    {Fp8Format::kE4M3, DType::kBFloat16, 0, "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop",
+     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 0>},
+    {Fp8Format::kE4M3, DType::kBFloat16, 1, "sm90_fp8_e4m3_e4m3_bf16_64x128x128_1x1x1_pingpong",
+     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 1>},
+    {Fp8Format::kE5M2, DType::kBFloat16, 0, "sm90_fp8_e5m2_e4m3_bf16_128x128x128_2x1x1_coop",
+     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 0>},
+    {Fp8Format::kE5M2, DType::kBFloat16, 1, "sm90_fp8_e5m2_e4m3_bf16_64x128x128_1x1x1_pingpong",
+     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 1>},
+    {Fp8Format::kE4M3, DType::kBFloat16, 3,
+     "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop_streamk",
+     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 3>},
+    {Fp8Format::kE5M2, DType::kBFloat16, 3,
+     "sm90_fp8_e5m2_e4m3_bf16_128x128x128_2x1x1_coop_streamk",
+     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 3>},
+    {Fp8Format::kE4M3, DType::kBFloat16, 4, "sm90_fp8_e4m3_e4m3_bf16_128x192x128_2x1x1_coop",
+     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 4>},
+    {Fp8Format::kE5M2, DType::kBFloat16, 4, "sm90_fp8_e5m2_e4m3_bf16_128x192x128_2x1x1_coop",
+     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 4>},
+#endif
 };
 #endif
 

@@ -222,17 +222,13 @@ SIDE_CONTEXTS: dict[str, Callable[[], AbstractContextManager]] = {
 }
 
 
-def _memory_now(device, generation: int = 2) -> tuple[int, int]:
+def _memory_now(device) -> tuple[int, int]:
     """(allocated, requested) memory, read after freeing cyclic garbage (else a later side is
     credited it): the allocator's blocks, and the bytes their tensors asked for. The two differ
     by the allocator's rounding (a free block up to 1 MiB larger than asked is handed out whole),
     which depends on what happened to be free, not on what a side keeps; every block is also
-    rounded up to a multiple of 512 bytes. ``generation``: the oldest generation collected; the
-    readings at the start of each timed block collect the young ones only: the garbage of the
-    steps before is young, and a 1000-step compiled row on the GPU machine spent about 0.4 s per
-    block outside its steps, most likely these full collections of the heap Dynamo and Inductor
-    build (not timed apart; NOTES, thirty-sixth session)."""
-    gc.collect(generation)
+    rounded up to a multiple of 512 bytes."""
+    gc.collect()
     return _memory_with_workspaces(device)
 
 
@@ -266,6 +262,43 @@ def _ran_cutlass_ops(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         loss = trainer.step(batch)
     return loss, any(e.name.startswith("cutlass_nn::") for e in prof.events())
+
+
+def _time_blocks(out: dict[str, dict[str, Any]], trainers: dict[str, Trainer],
+                 order: list[str], batches: Sequence[dict[str, torch.Tensor]], *, steps: int,
+                 block: int, device) -> None:
+    """The timed part of :func:`run_sides`: alternating blocks of ``block`` back-to-back steps
+    per side (the side that goes first alternates), recorded into each side's ``out`` entry."""
+    cuda = torch.device(device).type == "cuda"
+    done = 0
+    rounds = 0
+    while done < steps:
+        n = min(block, steps - done)
+        for side in order if rounds % 2 == 0 else order[::-1]:
+            rec, trainer = out[side], trainers[side]
+            _sync(device)
+            t_read = time.perf_counter()
+            start_alloc = _memory_now(device)
+            read_ms = (time.perf_counter() - t_read) * 1e3
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            pending = []
+            with BlockProbe() as probe:
+                start = time.perf_counter()
+                for j in range(n):
+                    s0 = time.perf_counter()
+                    pending.append(trainer.step(batches[(done + j) % len(batches)]))
+                    rec["enqueue_all_ms"].append((time.perf_counter() - s0) * 1e3)
+                _sync(device)
+                rec["block_step_ms"].append((time.perf_counter() - start) * 1e3 / n)
+            rec["block_probes"].append(dict(probe.summary(),
+                                            max_enqueue_ms=max(rec["enqueue_all_ms"][-n:]),
+                                            memory_read_ms=read_ms))
+            if cuda:
+                _raise_transient(rec, _peak_since_reset(device), start_alloc)
+            rec["losses"] += [float(x) for x in pending]
+        done += n
+        rounds += 1
 
 
 def run_sides(
@@ -317,33 +350,19 @@ def run_sides(
             }
             if trace is not None:
                 out[side]["memory_trace"] = trace.finish()
-    done = 0
-    rounds = 0
-    while done < steps:
-        n = min(block, steps - done)
-        order = list(models)
-        for side in order if rounds % 2 == 0 else order[::-1]:
-            rec, trainer = out[side], trainers[side]
-            _sync(device)
-            start_alloc = _memory_now(device, generation=1)
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            pending = []
-            with BlockProbe() as probe:
-                start = time.perf_counter()
-                for j in range(n):
-                    s0 = time.perf_counter()
-                    pending.append(trainer.step(batches[(done + j) % len(batches)]))
-                    rec["enqueue_all_ms"].append((time.perf_counter() - s0) * 1e3)
-                _sync(device)
-                rec["block_step_ms"].append((time.perf_counter() - start) * 1e3 / n)
-            rec["block_probes"].append(dict(probe.summary(),
-                                            max_enqueue_ms=max(rec["enqueue_all_ms"][-n:])))
-            if cuda:
-                _raise_transient(rec, _peak_since_reset(device), start_alloc)
-            rec["losses"] += [float(x) for x in pending]
-        done += n
-        rounds += 1
+    # What the sides built and warmed up (models, optimizers, Dynamo's and Inductor's caches) is
+    # frozen while they are timed: the garbage collections of the blocks' memory readings then
+    # skip that heap and traverse only what the steps made since. A 1000-step compiled row on
+    # the GPU machine spent about 0.4 s per block outside its steps, most likely in full
+    # collections of that heap (NOTES, thirty-sixth session; `memory_read_ms` of each block
+    # probe now times the reading). Unfrozen afterwards, so the sides can be freed.
+    gc.collect()
+    gc.freeze()
+    try:
+        _time_blocks(out, trainers, list(models), batches, steps=steps, block=block,
+                     device=device)
+    finally:
+        gc.unfreeze()
     for rec in out.values():
         rec["step_ms"] = statistics.median(rec["block_step_ms"])
         rec["timed_gc_ms"] = sum(b["gc_ms"] for b in rec["block_probes"])

@@ -83,7 +83,7 @@ def ratio_ci95(row: dict) -> tuple[float, float] | None:
     did not keep it (recorded before 2026-12-01) or had fewer than 6 rounds."""
     b = row.get("block_ratio") or {}
     lo, hi = b.get("ci95_lo"), b.get("ci95_hi")
-    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):  # NaN: older
         return None
     return lo, hi
 
@@ -152,7 +152,8 @@ def format_targets(t: dict) -> list[str]:
     detail = "; ".join(
         f"{b['label']} {b['ratio']:.3f}, 95% CI "
         + ("-" if b["ci95"] is None else f"[{b['ci95'][0]:.3f}, {b['ci95'][1]:.3f}]"
-           + (" holds 1.00: not resolved by this run" if b["ci95"][1] >= 1.0 else ""))
+           + (" holds 1.00: not resolved by this run" if b["ci95"][1] >= 1.0
+              else " excludes 1.00: slower than stock"))
         for b in below)
     return [
         f"host-bound rows: min ratio {fmt_or_dash(t['host_bound_min_ratio'], '.3f')} "

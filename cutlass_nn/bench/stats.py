@@ -48,18 +48,20 @@ def paired_ratio_spread(stock_ms: Sequence[float], ours_ms: Sequence[float]) -> 
     }
 
 
-def median_ci95(values: Sequence[float]) -> tuple[float, float]:
-    """A distribution-free 95% confidence interval of the median of ``values`` (independent
-    draws of one distribution): the order statistics x_(j) and x_(n+1-j), j the largest rank with
-    P(Binomial(n, 1/2) < j) <= 0.025, so that the interval holds the true median with at least
-    95% probability whatever the distribution. (NaN, NaN) below 6 values, where even the whole
-    range is not a 95% interval. Host-bound rows of the model benchmark need it: their rounds'
-    ratios spread by 10-20% (host jitter that adjacent blocks do not share), so a median of a few
-    dozen rounds cannot tell a 2% difference from none (NOTES, thirty-sixth session)."""
+def median_ci95(values: Sequence[float]) -> tuple[float | None, float | None]:
+    """A distribution-free 95% confidence interval of the median of ``values``: the order
+    statistics x_(j) and x_(n+1-j), j the largest rank with P(Binomial(n, 1/2) < j) <= 0.025, so
+    that the interval holds the true median with at least 95% probability whatever the
+    distribution, provided the values are independent draws of one distribution (rounds whose
+    host drifts together make it too narrow). (None, None) below 6 values, where even the whole
+    range is not a 95% interval (None, not NaN: the JSON stays standard). Host-bound rows of the
+    model benchmark need it: their rounds' ratios spread by 10-20% (host jitter that adjacent
+    blocks do not share), so a median of a few dozen rounds cannot tell a 2% difference from none
+    (NOTES, thirty-sixth session)."""
     xs = sorted(values)
     n = len(xs)
     if n < 6:
-        return math.nan, math.nan
+        return None, None
     below = 0.0  # P(Binomial(n, 1/2) < j), for j = 1, 2, ...
     j = 0
     while True:
