@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cutlass_nn import bench
-from cutlass_nn.bench import host as bench_host, models as bench_models, peers
+from cutlass_nn.bench import host as bench_host, memory_readings, models as bench_models, peers
 
 transformers = pytest.importorskip("transformers")
 
@@ -432,7 +432,7 @@ def test_memory_reading_collects_garbage_first(monkeypatch):
         def __del__(self):
             live["bytes"] -= self.size
 
-    monkeypatch.setattr(bench_models, "_memory_with_workspaces",
+    monkeypatch.setattr(memory_readings, "memory_with_workspaces",
                         lambda device: (live["bytes"], live["bytes"]))
     kept = Block(4096)
     was_enabled = gc.isenabled()
@@ -442,7 +442,7 @@ def test_memory_reading_collects_garbage_first(monkeypatch):
         cycle.append(cycle)
         del cycle
         assert live["bytes"] == 4096 + (1 << 20)  # the cycle's block is still allocated
-        assert bench_models._memory_now("cpu") == (4096, 4096)
+        assert memory_readings.memory_now("cpu") == (4096, 4096)
         # frozen objects (the sides' heap while they are timed) are skipped, a cycle made since
         # the freeze is still freed
         gc.freeze()
@@ -450,7 +450,7 @@ def test_memory_reading_collects_garbage_first(monkeypatch):
             cycle = [Block(1 << 20)]
             cycle.append(cycle)
             del cycle
-            assert bench_models._memory_now("cpu") == (4096, 4096)
+            assert memory_readings.memory_now("cpu") == (4096, 4096)
         finally:
             gc.unfreeze()
     finally:
@@ -463,10 +463,10 @@ def test_transient_memory_keeps_the_largest_rise_of_each_reading():
     """A block's rise is its peak over its start, per reading (allocated blocks, requested
     bytes), and a side keeps the largest over its blocks, each reading on its own."""
     rec = {"transient_bytes": 0, "transient_requested_bytes": 0}
-    bench_models._raise_transient(rec, peak=(5 << 20, 3 << 20), start=(1 << 20, 1 << 20))
+    memory_readings.raise_transient(rec, peak=(5 << 20, 3 << 20), start=(1 << 20, 1 << 20))
     assert rec == {"transient_bytes": 4 << 20, "transient_requested_bytes": 2 << 20}
     # a later block rises more in requested bytes only: each reading keeps its own maximum
-    bench_models._raise_transient(rec, peak=(4 << 20, 4 << 20), start=(1 << 20, 1 << 20))
+    memory_readings.raise_transient(rec, peak=(4 << 20, 4 << 20), start=(1 << 20, 1 << 20))
     assert rec == {"transient_bytes": 4 << 20, "transient_requested_bytes": 3 << 20}
 
 

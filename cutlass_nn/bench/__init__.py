@@ -110,6 +110,7 @@ from cutlass_nn.bench.stats import (  # noqa: F401
     geomean,
     linact_input_bytes,
     linact_memory_bytes,
+    median_ci95,
     paired_ratio_spread,
     percentile,
     rate,

@@ -75,6 +75,11 @@ import cutlass_nn
 from cutlass_nn.bench import fp8 as bench_fp8, peers
 from cutlass_nn.bench.attention_probe import format_attention_masks, probe_attention_masks
 from cutlass_nn.bench.block_probe import BlockProbe
+from cutlass_nn.bench.memory_readings import (
+    memory_now,
+    peak_since_reset,
+    raise_transient,
+)
 from cutlass_nn.bench.memory_trace import SideMemoryTrace, format_difference, recording
 from cutlass_nn.bench.models_report import (  # noqa: F401 (targets: part of this module's API)
     LOSS_RTOL,
@@ -222,40 +227,6 @@ SIDE_CONTEXTS: dict[str, Callable[[], AbstractContextManager]] = {
 }
 
 
-def _memory_now(device) -> tuple[int, int]:
-    """(allocated, requested) memory, read after freeing cyclic garbage (else a later side is
-    credited it): the allocator's blocks, and the bytes their tensors asked for. The two differ
-    by the allocator's rounding (a free block up to 1 MiB larger than asked is handed out whole),
-    which depends on what happened to be free, not on what a side keeps; every block is also
-    rounded up to a multiple of 512 bytes."""
-    gc.collect()
-    return _memory_with_workspaces(device)
-
-
-def _memory_with_workspaces(device) -> tuple[int, int]:
-    """(allocated, requested) memory with torch's per-thread cuBLAS workspaces present (charged
-    to no side)."""
-    if torch.device(device).type != "cuda":
-        return 0, 0
-    a = torch.ones(16, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
-    torch.addmm(a[0], a, a).sum().backward(), torch.cuda.synchronize(device)
-    stats = torch.cuda.memory_stats(device)
-    return stats.get("allocated_bytes.all.current", 0), stats.get("requested_bytes.all.current", 0)
-
-
-def _peak_since_reset(device) -> tuple[int, int]:
-    """(allocated, requested) peaks since the last ``reset_peak_memory_stats``."""
-    stats = torch.cuda.memory_stats(device)
-    return stats.get("allocated_bytes.all.peak", 0), stats.get("requested_bytes.all.peak", 0)
-
-
-def _raise_transient(rec: dict[str, Any], peak: tuple[int, int], start: tuple[int, int]) -> None:
-    """Keeps in ``rec`` the largest rise of the (allocated, requested) peaks of a block over
-    their readings at its start."""
-    rec["transient_bytes"] = max(rec["transient_bytes"], peak[0] - start[0])
-    rec["transient_requested_bytes"] = max(rec["transient_requested_bytes"], peak[1] - start[1])
-
-
 def _ran_cutlass_ops(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, bool]:
     """One step under the CPU profiler: its loss, and whether a cutlass_nn operator ran (the
     first steps of a compiled model run its operators on the host, CUDA graphs included)."""
@@ -278,7 +249,7 @@ def _time_blocks(out: dict[str, dict[str, Any]], trainers: dict[str, Trainer],
             rec, trainer = out[side], trainers[side]
             _sync(device)
             t_read = time.perf_counter()
-            start_alloc = _memory_now(device)
+            start_alloc = memory_now(device)
             read_ms = (time.perf_counter() - t_read) * 1e3
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -295,7 +266,7 @@ def _time_blocks(out: dict[str, dict[str, Any]], trainers: dict[str, Trainer],
                                             max_enqueue_ms=max(rec["enqueue_all_ms"][-n:]),
                                             memory_read_ms=read_ms))
             if cuda:
-                _raise_transient(rec, _peak_since_reset(device), start_alloc)
+                raise_transient(rec, peak_since_reset(device), start_alloc)
             rec["losses"] += [float(x) for x in pending]
         done += n
         rounds += 1
@@ -326,7 +297,7 @@ def run_sides(
     # never while they are timed.
     with recording(device) if memory_trace else nullcontext():
         for side, make in models.items():
-            before = _memory_now(device)
+            before = memory_now(device)
             trace = SideMemoryTrace(device) if memory_trace else None
             t0 = time.perf_counter()
             trainers[side] = trainer = Trainer(make(), mode, device,
@@ -335,7 +306,7 @@ def run_sides(
             for i in range(1, warmup):
                 trainer.step(batches[i % len(batches)])
             _sync(device)
-            after = _memory_now(device)
+            after = memory_now(device)
             out[side] = {
                 "warmup_s": time.perf_counter() - t0,
                 "ran_cutlass_ops": ran_ops,
