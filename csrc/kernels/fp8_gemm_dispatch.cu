@@ -25,13 +25,35 @@ struct Fp8Kernel {
 // kernel set, cutlass_nn/_build_config.py's FP8_CI_UNITS) compiles one unit per FP8 kernel family
 // (the overlapped-promotion mainloop the rule runs, for an e4m3 and an e5m2 A; the
 // fast-accumulation one; CUTLASS's own, with float32 output): the rows of the units it leaves out
-// are left out with them, after the kept units' rows. The order of the rows does not matter: each
-// (A format, output dtype, config) is one row.
+// are left out with them, guarded where they stand, so that the full build's table keeps its
+// order.
 #if defined(CUTLASS_NN_HAS_SM90)
 constexpr Fp8Kernel kKernels[] = {
+#if !defined(CUTLASS_NN_KERNEL_SUBSET)
+    {Fp8Format::kE4M3, DType::kBFloat16, 0, "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop",
+     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 0>},
+    {Fp8Format::kE4M3, DType::kBFloat16, 1, "sm90_fp8_e4m3_e4m3_bf16_64x128x128_1x1x1_pingpong",
+     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 1>},
+#endif
     {Fp8Format::kE4M3, DType::kBFloat16, 2,
      "sm90_fp8_e4m3_e4m3_bf16_128x256x128_2x1x1_coop_fastaccum",
      &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 2>},
+#if !defined(CUTLASS_NN_KERNEL_SUBSET)
+    {Fp8Format::kE5M2, DType::kBFloat16, 0, "sm90_fp8_e5m2_e4m3_bf16_128x128x128_2x1x1_coop",
+     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 0>},
+    {Fp8Format::kE5M2, DType::kBFloat16, 1, "sm90_fp8_e5m2_e4m3_bf16_64x128x128_1x1x1_pingpong",
+     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 1>},
+    {Fp8Format::kE4M3, DType::kBFloat16, 3,
+     "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop_streamk",
+     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 3>},
+    {Fp8Format::kE5M2, DType::kBFloat16, 3,
+     "sm90_fp8_e5m2_e4m3_bf16_128x128x128_2x1x1_coop_streamk",
+     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 3>},
+    {Fp8Format::kE4M3, DType::kBFloat16, 4, "sm90_fp8_e4m3_e4m3_bf16_128x192x128_2x1x1_coop",
+     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 4>},
+    {Fp8Format::kE5M2, DType::kBFloat16, 4, "sm90_fp8_e5m2_e4m3_bf16_128x192x128_2x1x1_coop",
+     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 4>},
+#endif
     {Fp8Format::kE4M3, DType::kBFloat16, 5,
      "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop_overlap",
      &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 5>},
@@ -54,27 +76,6 @@ constexpr Fp8Kernel kKernels[] = {
      &fp8_gemm_launch<Fp8Format::kE4M3, DType::kFloat32, 0>},
     {Fp8Format::kE5M2, DType::kFloat32, 0, "sm90_fp8_e5m2_e4m3_f32_128x128x128_2x1x1_coop",
      &fp8_gemm_launch<Fp8Format::kE5M2, DType::kFloat32, 0>},
-#if !defined(CUTLASS_NN_KERNEL_SUBSET)
-    // the units outside the CI kernel set (cutlass_nn/_build_config.py's FP8_CI_UNITS)
-    {Fp8Format::kE4M3, DType::kBFloat16, 0, "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop",
-     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 0>},
-    {Fp8Format::kE4M3, DType::kBFloat16, 1, "sm90_fp8_e4m3_e4m3_bf16_64x128x128_1x1x1_pingpong",
-     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 1>},
-    {Fp8Format::kE5M2, DType::kBFloat16, 0, "sm90_fp8_e5m2_e4m3_bf16_128x128x128_2x1x1_coop",
-     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 0>},
-    {Fp8Format::kE5M2, DType::kBFloat16, 1, "sm90_fp8_e5m2_e4m3_bf16_64x128x128_1x1x1_pingpong",
-     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 1>},
-    {Fp8Format::kE4M3, DType::kBFloat16, 3,
-     "sm90_fp8_e4m3_e4m3_bf16_128x128x128_2x1x1_coop_streamk",
-     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 3>},
-    {Fp8Format::kE5M2, DType::kBFloat16, 3,
-     "sm90_fp8_e5m2_e4m3_bf16_128x128x128_2x1x1_coop_streamk",
-     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 3>},
-    {Fp8Format::kE4M3, DType::kBFloat16, 4, "sm90_fp8_e4m3_e4m3_bf16_128x192x128_2x1x1_coop",
-     &fp8_gemm_launch<Fp8Format::kE4M3, DType::kBFloat16, 4>},
-    {Fp8Format::kE5M2, DType::kBFloat16, 4, "sm90_fp8_e5m2_e4m3_bf16_128x192x128_2x1x1_coop",
-     &fp8_gemm_launch<Fp8Format::kE5M2, DType::kBFloat16, 4>},
-#endif
 };
 #endif
 
