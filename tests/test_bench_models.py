@@ -192,8 +192,8 @@ def test_pdl_ab_side_runs_its_steps_with_pdl_off(monkeypatch):
     no_pdl = row[bench_models.NO_PDL_SIDE]
     assert no_pdl["ran_cutlass_ops"] and len(no_pdl["losses"]) == 4
     assert no_pdl["loss"]["agree"]
-    # 2 warm-up steps (the first profiled) + 4 timed, each inside the switch set to False
-    assert states == [False] * 6
+    # 2 warm-up steps + 4 timed + the profiled step after them, each inside the switch set to False
+    assert states == [False] * 7
     # paired per round, as the row's own ratio (two rounds: the mean of their two ratios)
     rounds = [n / o for n, o in zip(no_pdl["block_step_ms"], row["cutlass_nn"]["block_step_ms"])]
     assert row["pdl_speedup"] == pytest.approx(sum(rounds) / 2)
@@ -228,8 +228,10 @@ def test_sides_alternate_blocks():
         {"stock": lambda: _StandIn("s", record), "cutlass_nn": lambda: _StandIn("c", record)},
         "eager", batches, warmup=1, steps=4, block=2, device="cpu",
     )
-    timed = order[2:]  # after one warm-up step per side
+    timed = order[2:-2]  # after one warm-up step per side, before each side's profiled step
     assert [name for name, _ in timed] == ["s", "s", "c", "c", "c", "c", "s", "s"]
+    # the step that sees which operators ran, under the profiler, comes after the timed blocks
+    assert [name for name, _ in order[-2:]] == ["s", "c"]
     assert [b for n, b in timed if n == "s"] == [b for n, b in timed if n == "c"] == [0, 1, 2, 3]
     assert len(out["stock"]["block_step_ms"]) == 2 and len(out["stock"]["losses"]) == 4
 
@@ -284,7 +286,14 @@ def test_loss_comparison_and_targets():
     assert t["host_bound_pass"] and t["memory_pass"] and t["losses_agree"]
     assert t["host_bound_min_ratio"] == pytest.approx(1.01)
     assert t["gpu_bound_median_ratio"] == pytest.approx(0.9)
+    # the host size's CUDA-graph rows time the GPU: reported apart, not host-bound
+    graphs = dict(row("host", 0.97, 0.99), mode="reduce-overhead")
+    t = bench_models.targets([dict(row("host", 1.01, 0.99), mode="compile"), graphs])
+    assert t["host_bound_pass"] and t["host_bound_min_ratio"] == pytest.approx(1.01)
+    assert t["cuda_graph_host_min_ratio"] == pytest.approx(0.97)
+    assert "CUDA graphs" in bench_models.format_targets(t)[-1]
     t = bench_models.targets([row("host", 0.98, 1.01, agree=False)])
+    assert t["cuda_graph_host_min_ratio"] is None
     assert not t["host_bound_pass"] and not t["memory_pass"] and t["losses_agree"] is False
     lines = bench_models.format_targets(t)
     assert "MISS" in lines[0] and "MISS" in lines[1]
@@ -393,6 +402,20 @@ def test_host_cost_loop_on_cpu():
         assert r["ratio"] == pytest.approx(r["ours_us"] / r["torch_us"])
         assert r["pass"] == (r["ratio"] <= bench_host.TARGET_RATIO)
     assert len(bench_host.format_rows(rows)) == 2 + 4
+
+
+def test_host_compiled_cases_on_cpu():
+    """The compiled-step cases run on CPU too (Inductor compiles both stacks), each gets a ratio,
+    and the operator call the Inductor-line cases time (bias as a keyword) computes the GEMM."""
+    cases = bench_host.make_compiled_cases(device="cpu", dtype=torch.float32)
+    assert set(cases) == {"compiled_fwd_bwd", "inductor_linear_call", "inductor_linear_positional"}
+    rows = bench_host.measure(cases, calls=10, repeats=3, sync=lambda: None)
+    assert [r["case"] for r in rows] == list(cases)
+    for r in rows:
+        assert r["torch_us"] > 0 and r["ours_us"] > 0
+        assert r["ratio"] == pytest.approx(r["ours_us"] / r["torch_us"])
+    x, w = torch.randn(8, 64), torch.randn(64, 64)
+    torch.testing.assert_close(torch.ops.cutlass_nn.linear.default(x, w, bias=None), x @ w.t())
 
 
 def test_vocab_option_reaches_every_row(monkeypatch, tmp_path):

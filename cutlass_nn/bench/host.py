@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m cutlass_nn.bench --what host [--calls 2000] [--repeats 15] [--out DIR]
+    python -m cutlass_nn.bench --what host [--calls 2000] [--repeats 15] [--no-compiled] [--profile-between cpu|cuda] [--out DIR]
 
 What a host-bound model pays per layer is the CPU time to get a call onto the GPU's queue. Each
 case calls one operation in a tight loop on tiny CUDA tensors (so the GPU keeps up and the loop is
@@ -12,11 +12,25 @@ call of each side and their ratio (ours / torch: <= 1.05 is the target, the same
 should cost the same). Cases: ``F.linear`` (with bias), ``torch.mm``, ``a + b``, and a module
 forward + backward (``nn.Linear`` vs ``CutlassLinear``, ``y.backward(g)``, parameters' gradients
 reset to None each call as an optimizer's ``zero_grad`` does).
+
+Two more cases measure what a ``torch.compile``d step pays per layer, where the compiled graph
+calls each GEMM from Inductor's Python wrapper: ``compiled_fwd_bwd`` (a compiled stack of
+``LAYERS`` bias-free linears, forward + backward, stock against ``convert()``ed), and
+``inductor_linear_call``: the wrapper lines Inductor writes for one forward GEMM (stock: an
+``empty_strided`` output, a transposed view of the weight, ``mm(..., out=)``; ours: the
+operator's ``OpOverload`` called with the arguments as Inductor passes them, then the output's
+size / stride assertion). ``inductor_linear_positional`` is an attribution probe: the same call
+of ours with the bias passed positionally, against the same stock lines.
+
+``--profile-between cpu|cuda`` measures every case a second time after one ``torch.profiler``
+session (CPU activity, or CPU and CUDA) has come and gone in the process: a profiler can leave
+a lasting cost on the calls it instrumented (NOTES, thirty-seventh session).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -33,6 +47,19 @@ import cutlass_nn
 TARGET_RATIO = 1.05
 
 
+def fwd_bwd_call(module: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor],
+                 x: torch.Tensor, grad: torch.Tensor) -> Callable[[], Any]:
+    """One forward + backward of ``forward`` (``module`` or its compiled form) from ``x``, with
+    the parameters' and ``x``'s gradients reset to None first, as an optimizer's ``zero_grad``."""
+    def call():
+        for p in module.parameters():
+            p.grad = None
+        x.grad = None
+        forward(x).backward(grad)
+
+    return call
+
+
 def make_cases(device="cuda", dtype=torch.bfloat16) -> dict[str, dict[str, Callable[[], Any]]]:
     """{case: {"torch": fn, "ours": fn}}, each fn one call on tiny tensors."""
     opts = dict(device=device, dtype=dtype)
@@ -45,19 +72,57 @@ def make_cases(device="cuda", dtype=torch.bfloat16) -> dict[str, dict[str, Calla
     g = torch.randn(8, 64, **opts)
 
     def fwd_bwd(layer: nn.Module) -> Callable[[], Any]:
-        def call():
-            for p in layer.parameters():
-                p.grad = None
-            xg.grad = None
-            layer(xg).backward(g)
-
-        return call
+        return fwd_bwd_call(layer, layer, xg, g)
 
     return {
         "linear": {"torch": lambda: F.linear(x, w, b), "ours": lambda: cutlass_nn.functional.linear(x, w, b)},
         "mm": {"torch": lambda: torch.mm(a, c), "ours": lambda: cutlass_nn.mm(a, c)},
         "add": {"torch": lambda: a + c, "ours": lambda: cutlass_nn.add2(a, c)},
         "module_fwd_bwd": {"torch": fwd_bwd(stock), "ours": fwd_bwd(ours)},
+    }
+
+
+#: linear layers in the compiled case's stack
+LAYERS = 4
+
+
+def make_compiled_cases(device="cuda", dtype=torch.bfloat16) -> dict[str, dict[str, Callable[[], Any]]]:
+    """The cases of a compiled step (module docstring): {case: {"torch": fn, "ours": fn}}. The
+    Inductor helpers the wrapper lines call are the ones its generated code imports."""
+    from torch._C._dynamo import guards
+
+    opts = dict(device=device, dtype=dtype)
+    torch.manual_seed(0)
+    stock = nn.Sequential(*[nn.Linear(64, 64, bias=False, **opts) for _ in range(LAYERS)])
+    ours = cutlass_nn.convert(copy.deepcopy(stock))
+    xg = torch.randn(8, 64, **opts, requires_grad=True)
+    g = torch.randn(8, 64, **opts)
+
+    def compiled_fwd_bwd(model: nn.Module) -> Callable[[], Any]:
+        return fwd_bwd_call(model, torch.compile(model), xg, g)
+
+    x, w = torch.randn(8, 64, **opts), torch.randn(64, 64, **opts)
+    empty_strided = guards._empty_strided_cuda if device == "cuda" else guards._empty_strided_cpu
+    reinterpret, assert_size_stride = guards._reinterpret_tensor, guards.assert_size_stride
+    linear_op = torch.ops.cutlass_nn.linear.default
+    size, stride = (8, 64), (64, 1)
+
+    def stock_lines():
+        out = empty_strided(size, stride, dtype)
+        torch.mm(x, reinterpret(w, (64, 64), (1, 64), 0), out=out)
+
+    def our_lines():  # as Inductor writes them for cutlass_nn::linear (bias=None as a keyword)
+        out = linear_op(x, w, bias=None)
+        assert_size_stride(out, size, stride, "torch.ops.cutlass_nn.linear.default")
+
+    def our_lines_positional():
+        out = linear_op(x, w, None)
+        assert_size_stride(out, size, stride, "torch.ops.cutlass_nn.linear.default")
+
+    return {
+        "compiled_fwd_bwd": {"torch": compiled_fwd_bwd(stock), "ours": compiled_fwd_bwd(ours)},
+        "inductor_linear_call": {"torch": stock_lines, "ours": our_lines},
+        "inductor_linear_positional": {"torch": stock_lines, "ours": our_lines_positional},
     }
 
 
@@ -101,6 +166,25 @@ def measure(
     return rows
 
 
+def measure_after_profiler(cases, activities: str, *, calls: int, repeats: int) -> list[dict[str, Any]]:
+    """The cases measured again after one ``torch.profiler`` session (``activities``: "cpu", or
+    "cuda" for CPU and CUDA activity) around one call of each: whether a profiler that has come
+    and gone leaves a cost on either side's calls. Rows named "<case> (after a <activities>
+    profiler session)"."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if activities == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts):
+        for sides in cases.values():
+            for fn in sides.values():
+                fn()
+        torch.cuda.synchronize()
+    rows = measure(cases, calls=calls, repeats=repeats, sync=torch.cuda.synchronize)
+    for r in rows:
+        r["case"] += f" (after a {activities} profiler session)"
+    return rows
+
+
 def format_rows(rows: Sequence[dict]) -> list[str]:
     lines = [
         "| call | torch us | cutlass_nn us | ours / torch | target <= 1.05 |",
@@ -123,6 +207,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--profile-between", choices=["cpu", "cuda"], default=None,
+                   help="measure again after one profiler session with these activities")
+    p.add_argument("--no-compiled", action="store_true",
+                   help="leave out the compiled-step cases (they compile for about 20 s)")
     return p.parse_args(argv)
 
 
@@ -133,7 +221,11 @@ def main(argv: Sequence[str]) -> int:
     meta = bench.gpu_run_meta(argv)
     if meta is None:
         return 2
-    rows = measure(make_cases(), calls=args.calls, repeats=args.repeats, sync=torch.cuda.synchronize)
+    cases = make_cases() if args.no_compiled else make_cases() | make_compiled_cases()
+    rows = measure(cases, calls=args.calls, repeats=args.repeats, sync=torch.cuda.synchronize)
+    if args.profile_between:
+        rows += measure_after_profiler(cases, args.profile_between, calls=args.calls,
+                                       repeats=args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"host_{bench._slug(meta)}_{bench._stamp()}.json"
     path.write_text(json.dumps({"mode": "host", "meta": meta, "settings": vars(args) | {"out": str(args.out)},
