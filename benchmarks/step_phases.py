@@ -1,7 +1,7 @@
 """Where a host-bound training step's host time goes, stock vs converted, phase by phase (GPU machine).
 
     python benchmarks/step_phases.py [--family llama] [--size host] [--mode compile]
-        [--steps 400] [--block 5] [--reset] [--out DIR]
+        [--steps 400] [--block 5] [--warmup 8] [--reset] [--profiled-first-step] [--out DIR]
 
 The model benchmark's host-size rows are host-bound: their step time is the time the host takes
 to enqueue the step. When the converted step enqueues longer than stock's, the profiler does not
@@ -13,8 +13,8 @@ guards and launches included, returning the loss), ``backward`` (``loss.backward
 model benchmark builds them (the same process, stock compiled first, no ``torch._dynamo.reset()``
 between them unless ``--reset`` is given, which instead gives each side a fresh Dynamo cache
 before its own warm-up and then times that side alone, all its blocks, after the other's; with
-``--profiled-first-step`` each side's first step runs under the CPU profiler, as the model
-benchmark runs it to see which operators ran), timed
+``--profiled-first-step`` each side's first step runs under the CPU profiler before its
+``--warmup`` steps, as the model benchmark ran it until 2026-12-02 to see which operators ran), timed
 in alternating blocks of ``--block`` steps with a synchronization after each block, and reported
 as the median microseconds per phase per side, their difference and ratio. JSON into ``--out``.
 """
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> dict:
                          "difference_us": med["cutlass_nn"] - med["stock"],
                          "ratio": med["cutlass_nn"] / med["stock"] if med["stock"] else None}
     return {"family": args.family, "size": args.size, "mode": args.mode, "steps": args.steps,
-            "block": args.block, "reset": args.reset,
+            "block": args.block, "warmup": args.warmup, "reset": args.reset,
             "profiled_first_step": args.profiled_first_step, "phases": phases,
             "samples": {side: samples[side] for side in order}}
 
@@ -138,7 +138,8 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for phase, r in result["phases"].items():
         print(f"| {phase} | {r['stock_us']:.1f} | {r['cutlass_nn_us']:.1f} | "
-              f"{r['difference_us']:+.1f} | {r['ratio']:.3f} |")
+              f"{r['difference_us']:+.1f} | "
+              f"{'-' if r['ratio'] is None else format(r['ratio'], '.3f')} |")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"step_phases_{bench_cli._slug(meta)}_{args.family}-{args.size}-{args.mode}_{bench_cli._stamp()}.json"
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")

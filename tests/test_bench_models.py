@@ -217,11 +217,13 @@ class _StandIn(torch.nn.Module):
 
 def test_sides_alternate_blocks():
     """run_sides times the sides in alternating blocks (who goes first alternates each round)
-    and gives each side the same batch sequence."""
+    and gives each side the same batch sequence; the step that checks which operators ran runs
+    under the profiler after the timed blocks, and no other step does."""
     order = []
 
     def record(name, input_ids):
-        order.append((name, int(input_ids[0, 0])))
+        profiled = torch.autograd.profiler._is_profiler_enabled
+        order.append((name, int(input_ids[0, 0]), profiled))
 
     batches = [{"input_ids": torch.full((1, 2), i), "labels": torch.zeros(1, 2)} for i in range(4)]
     out = bench_models.run_sides(
@@ -229,11 +231,34 @@ def test_sides_alternate_blocks():
         "eager", batches, warmup=1, steps=4, block=2, device="cpu",
     )
     timed = order[2:-2]  # after one warm-up step per side, before each side's profiled step
-    assert [name for name, _ in timed] == ["s", "s", "c", "c", "c", "c", "s", "s"]
-    # the step that sees which operators ran, under the profiler, comes after the timed blocks
-    assert [name for name, _ in order[-2:]] == ["s", "c"]
-    assert [b for n, b in timed if n == "s"] == [b for n, b in timed if n == "c"] == [0, 1, 2, 3]
+    assert [name for name, _, _ in timed] == ["s", "s", "c", "c", "c", "c", "s", "s"]
+    assert [b for n, b, _ in timed if n == "s"] == [b for n, b, _ in timed if n == "c"] == [0, 1, 2, 3]
     assert len(out["stock"]["block_step_ms"]) == 2 and len(out["stock"]["losses"]) == 4
+    # only the two steps after the timed blocks ran under the profiler, one per side
+    assert [p for _, _, p in order] == [False] * 10 + [True, True]
+    assert [name for name, _, _ in order[-2:]] == ["s", "c"]
+    assert out["stock"]["ran_cutlass_ops"] is False and out["cutlass_nn"]["ran_cutlass_ops"] is False
+
+
+def test_cuda_graph_rows_check_their_first_step(monkeypatch):
+    """For reduce-overhead rows (CUDA-graph replays, whose operators run only in the first
+    steps) the profiled step is each side's first one, and no step follows the timed blocks."""
+    order = []
+
+    def record(name, input_ids):
+        order.append((name, torch.autograd.profiler._is_profiler_enabled))
+
+    monkeypatch.setattr(bench_models.torch, "compile", lambda model, **kw: model)
+    monkeypatch.setattr(bench_models.torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+    batches = [{"input_ids": torch.full((1, 2), i), "labels": torch.zeros(1, 2)} for i in range(4)]
+    out = bench_models.run_sides(
+        {"stock": lambda: _StandIn("s", record), "cutlass_nn": lambda: _StandIn("c", record)},
+        "reduce-overhead", batches, warmup=2, steps=4, block=2, device="cpu",
+    )
+    # per side 2 warm-up steps (the first profiled), then 4 timed per side, nothing after
+    assert [p for _, p in order] == [True, False, True, False] + [False] * 8
+    assert [name for name, _ in order[:4]] == ["s", "s", "c", "c"]
+    assert out["stock"]["ran_cutlass_ops"] is False and out["cutlass_nn"]["ran_cutlass_ops"] is False
 
 
 def test_block_probes_attribute_collections_and_compiles_to_their_block():
@@ -405,10 +430,21 @@ def test_host_cost_loop_on_cpu():
 
 
 def test_host_compiled_cases_on_cpu():
-    """The compiled-step cases run on CPU too (Inductor compiles both stacks), each gets a ratio,
+    """The compiled-step cases run on CPU too: Inductor compiles both stacks (two graphs), the
+    converted one calls cutlass_nn's operators and the stock one none, each case gets a ratio,
     and the operator call the Inductor-line cases time (bias as a keyword) computes the GEMM."""
+    from torch._dynamo.utils import counters
+
     cases = bench_host.make_compiled_cases(device="cpu", dtype=torch.float32)
     assert set(cases) == {"compiled_fwd_bwd", "inductor_linear_call", "inductor_linear_positional"}
+    graphs = counters["stats"]["unique_graphs"]
+    ran = {}
+    for side, fn in cases["compiled_fwd_bwd"].items():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fn()
+        ran[side] = any(e.name.startswith("cutlass_nn::") for e in prof.events())
+    assert counters["stats"]["unique_graphs"] - graphs == 2
+    assert ran == {"torch": False, "ours": True}
     rows = bench_host.measure(cases, calls=10, repeats=3, sync=lambda: None)
     assert [r["case"] for r in rows] == list(cases)
     for r in rows:
@@ -416,6 +452,21 @@ def test_host_compiled_cases_on_cpu():
         assert r["ratio"] == pytest.approx(r["ours_us"] / r["torch_us"])
     x, w = torch.randn(8, 64), torch.randn(64, 64)
     torch.testing.assert_close(torch.ops.cutlass_nn.linear.default(x, w, bias=None), x @ w.t())
+
+
+@pytest.mark.parametrize("kind", ["cpu", "legacy"])
+def test_host_measure_after_profiler_on_cpu(kind):
+    """--profile-between: a control pass, one profiler session, a pass after it; the rows say
+    which pass they are."""
+    cases = {k: v for k, v in bench_host.make_cases(device="cpu", dtype=torch.float32).items()
+             if k in ("mm", "add")}
+    rows = bench_host.measure_after_profiler(cases, kind, calls=5, repeats=3, sync=lambda: None)
+    assert [r["case"] for r in rows] == [
+        "mm (again, before a profiler)", "add (again, before a profiler)",
+        f"mm (after a {kind} profiler session)", f"add (after a {kind} profiler session)"]
+    assert all(r["torch_us"] > 0 and r["ours_us"] > 0 for r in rows)
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert bench_host.parse_args(["--profile-between", kind, "--no-compiled"]).no_compiled
 
 
 def test_vocab_option_reaches_every_row(monkeypatch, tmp_path):

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m cutlass_nn.bench --what host [--calls 2000] [--repeats 15] [--no-compiled] [--profile-between cpu|cuda] [--out DIR]
+    python -m cutlass_nn.bench --what host [--calls 2000] [--repeats 15] [--no-compiled] [--profile-between cpu|cuda|legacy] [--out DIR]
 
 What a host-bound model pays per layer is the CPU time to get a call onto the GPU's queue. Each
 case calls one operation in a tight loop on tiny CUDA tensors (so the GPU keeps up and the loop is
@@ -22,9 +22,10 @@ operator's ``OpOverload`` called with the arguments as Inductor passes them, the
 size / stride assertion). ``inductor_linear_positional`` is an attribution probe: the same call
 of ours with the bias passed positionally, against the same stock lines.
 
-``--profile-between cpu|cuda`` measures every case a second time after one ``torch.profiler``
-session (CPU activity, or CPU and CUDA) has come and gone in the process: a profiler can leave
-a lasting cost on the calls it instrumented (NOTES, thirty-seventh session).
+``--profile-between cpu|cuda|legacy`` measures every case once more (a control for the drift
+between two passes) and then again after one profiler session (``torch.profiler`` with CPU
+activity, or CPU and CUDA; or the legacy autograd profiler without Kineto) has come and gone in
+the process: whether a profiler leaves a cost on later calls (NOTES, thirty-seventh session).
 """
 
 from __future__ import annotations
@@ -166,23 +167,41 @@ def measure(
     return rows
 
 
-def measure_after_profiler(cases, activities: str, *, calls: int, repeats: int) -> list[dict[str, Any]]:
-    """The cases measured again after one ``torch.profiler`` session (``activities``: "cpu", or
-    "cuda" for CPU and CUDA activity) around one call of each: whether a profiler that has come
-    and gone leaves a cost on either side's calls. Rows named "<case> (after a <activities>
-    profiler session)"."""
+#: ``--profile-between`` choices: the profiler session each runs between the passes
+PROFILERS = ("cpu", "cuda", "legacy")
+
+
+def profiler_session(kind: str):
+    """A profiler context of ``kind``: "cpu" (``torch.profiler``, CPU activity), "cuda" (CPU and
+    CUDA activity), "legacy" (``torch.autograd.profiler.profile(use_kineto=False)``, the
+    dispatcher's events without Kineto)."""
+    if kind == "legacy":
+        return torch.autograd.profiler.profile(use_kineto=False)
     acts = [torch.profiler.ProfilerActivity.CPU]
-    if activities == "cuda":
+    if kind == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=acts):
+    return torch.profiler.profile(activities=acts)
+
+
+def measure_after_profiler(cases, kind: str, *, calls: int, repeats: int,
+                           sync: Callable[[], None] = torch.cuda.synchronize) -> list[dict[str, Any]]:
+    """Whether a profiler that has come and gone leaves a cost on either side's calls: the
+    cases measured once more before any profiler (the control: how far two passes drift apart
+    on their own), then once after one profiler session of ``kind`` (:func:`profiler_session`)
+    around one call of each. Rows named "<case> (again, before a profiler)" and "<case> (after a
+    <kind> profiler session)"."""
+    rows = measure(cases, calls=calls, repeats=repeats, sync=sync)
+    for r in rows:
+        r["case"] += " (again, before a profiler)"
+    with profiler_session(kind):
         for sides in cases.values():
             for fn in sides.values():
                 fn()
-        torch.cuda.synchronize()
-    rows = measure(cases, calls=calls, repeats=repeats, sync=torch.cuda.synchronize)
-    for r in rows:
-        r["case"] += f" (after a {activities} profiler session)"
-    return rows
+        sync()
+    after = measure(cases, calls=calls, repeats=repeats, sync=sync)
+    for r in after:
+        r["case"] += f" (after a {kind} profiler session)"
+    return rows + after
 
 
 def format_rows(rows: Sequence[dict]) -> list[str]:
@@ -207,8 +226,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--profile-between", choices=["cpu", "cuda"], default=None,
-                   help="measure again after one profiler session with these activities")
+    p.add_argument("--profile-between", choices=PROFILERS, default=None,
+                   help="measure once more (a control), then again after one profiler session "
+                        "of this kind")
     p.add_argument("--no-compiled", action="store_true",
                    help="leave out the compiled-step cases (they compile for about 20 s)")
     return p.parse_args(argv)

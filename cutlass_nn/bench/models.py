@@ -21,11 +21,13 @@ Each at a host-bound size (hidden 1024, 2 layers) and a GPU-bound one (hidden 40
 fused AdamW, in eager mode, under ``torch.compile`` and ``mode="reduce-overhead"``.
 
 Method per row (family, size, mode): the stock model and the converted copy of the same initial
-weights are built and warmed up (compiled) one after the other, and the first step of each is
-profiled to check that the converted model runs cutlass_nn operators and the stock one does
-not. Then ``--steps`` timed steps per side in blocks of ``--block`` back-to-back steps with no
-synchronization inside a block (the losses are read after it), the sides alternating block by
-block (and which goes first each round), so that drift of the host's speed reaches both alike;
+weights are built and warmed up (compiled) one after the other; one step of each runs under the
+CPU profiler, to check that the converted model runs cutlass_nn operators and the stock one does
+not: after the timed steps (``meta["operator_check"]``), except for reduce-overhead rows, whose
+timed replays dispatch no operator, so their first step is checked. Then ``--steps`` timed
+steps per side in blocks of ``--block`` back-to-back steps with no synchronization inside a
+block (the losses are read after it), the sides alternating block by block (and which goes
+first each round), so that drift of the host's speed reaches both alike;
 both step through the same batches. Step time = the median over a side's blocks of block wall
 time / steps. The row's ratio = the median of the per-round ratios (stock block / converted
 block of one round, adjacent in time), its spread their interquartile range: the host's speed
@@ -59,6 +61,7 @@ import argparse
 import gc
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -75,11 +78,7 @@ import cutlass_nn
 from cutlass_nn.bench import fp8 as bench_fp8, peers
 from cutlass_nn.bench.attention_probe import format_attention_masks, probe_attention_masks
 from cutlass_nn.bench.block_probe import BlockProbe
-from cutlass_nn.bench.memory_readings import (
-    memory_now,
-    peak_since_reset,
-    raise_transient,
-)
+from cutlass_nn.bench.memory_readings import memory_now, peak_since_reset, raise_transient
 from cutlass_nn.bench.memory_trace import SideMemoryTrace, format_difference, recording
 from cutlass_nn.bench.models_report import (  # noqa: F401 (targets: part of this module's API)
     LOSS_RTOL,
@@ -229,7 +228,9 @@ SIDE_CONTEXTS: dict[str, Callable[[], AbstractContextManager]] = {
 
 def _ran_cutlass_ops(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, bool]:
     """One step under the CPU profiler: its loss, and whether a cutlass_nn operator ran (the
-    first steps of a compiled model run its operators on the host, CUDA graphs included)."""
+    first steps of a compiled model run its operators on the host, CUDA graphs included). Later
+    rows of the run are timed after it: Kineto is asked to finalize CUPTI when it stops."""
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")  # else its callbacks outlive it (torch #144455)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         loss = trainer.step(batch)
     return loss, any(e.name.startswith("cutlass_nn::") for e in prof.events())
@@ -302,10 +303,9 @@ def run_sides(
             t0 = time.perf_counter()
             trainers[side] = trainer = Trainer(make(), mode, device,
                                                SIDE_CONTEXTS.get(side, nullcontext))
-            # Which operators ran is seen under the CPU profiler, which leaves a lasting cost on
-            # the CUDA runtime's calls behind (NOTES, thirty-seventh session): so it profiles the
-            # first step only where the timed steps are CUDA-graph replays (whose operators run
-            # only in the first steps), and otherwise a step after the timed blocks.
+            # With the first step profiled, a converted compiled step measured slower (NOTES,
+            # thirty-seventh session): it profiles the first step only for CUDA-graph replays
+            # (whose operators run only in the first steps), else a step after the timed blocks.
             graphs = mode == "reduce-overhead"
             ran_ops = _ran_cutlass_ops(trainer, batches[0])[1] if graphs else None
             if not graphs:
@@ -629,6 +629,7 @@ def main(argv: Sequence[str]) -> int:
               file=sys.stderr)
         return 2
     meta["loss_rtol"] = LOSS_RTOL
+    meta["operator_check"] = "after the timed steps (reduce-overhead rows: their first step)"
     for flag in ("autotune", "fuse_norm", "fuse_mlp", "fuse_head", "fuse_rope", "liger",
                  "fp8_reuse", "torchao", "pdl_ab", "memory_trace"):
         meta[flag] = bool(getattr(args, flag))
