@@ -22,7 +22,6 @@ as the median microseconds per phase per side, their difference and ratio. JSON 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import shlex
 import statistics
@@ -34,6 +33,7 @@ import torch
 
 import cutlass_nn
 from cutlass_nn.bench import cli as bench_cli, models as bench_models
+from cutlass_nn.bench.block_probe import alternating_blocks, frozen_heap
 
 PHASES = ("forward", "backward", "optimizer", "zero_grad", "step")
 
@@ -93,23 +93,14 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def time_blocks(trainers, samples, batches, args) -> None:
-    """Alternating blocks of ``args.block`` steps per side (the side that goes first alternates)."""
-    gc.collect()
-    gc.freeze()  # no collection of the compiled graphs' heap inside a timed block
-    try:
-        names = list(trainers)
-        done, rounds = 0, 0
-        while done < args.steps:
-            n = min(args.block, args.steps - done)
-            for side in names if rounds % 2 == 0 else names[::-1]:
-                torch.cuda.synchronize()
-                for j in range(n):
-                    samples[side].append(timed_step(trainers[side], batches[(done + j) % len(batches)]))
-                torch.cuda.synchronize()
-            done += n
-            rounds += 1
-    finally:
-        gc.unfreeze()
+    """The model benchmark's schedule: alternating blocks of ``args.block`` steps per side (the
+    side that goes first alternates), on the frozen heap."""
+    with frozen_heap():
+        for side, first, n in alternating_blocks(list(trainers), args.steps, args.block):
+            torch.cuda.synchronize()
+            for j in range(n):
+                samples[side].append(timed_step(trainers[side], batches[(first + j) % len(batches)]))
+            torch.cuda.synchronize()
 
 
 def main() -> int:

@@ -618,3 +618,19 @@ def test_host_rows_below_parity_say_whether_the_run_resolves_them():
     old = dict(noisy, block_ratio={"median": 0.98, "p25": 0.9, "p75": 1.1, "n": 8})
     assert bench_models.ci95_text(old) == "-"
     assert "95% CI -" in bench_models.format_targets(bench_models.targets([old]))[0]
+
+
+def test_alternating_blocks_and_frozen_heap():
+    """The timing harnesses' shared schedule: one block per side a round, the first side
+    alternating, a short last block; the heap frozen only inside ``frozen_heap``."""
+    import gc
+
+    from cutlass_nn.bench.block_probe import alternating_blocks, frozen_heap
+
+    assert list(alternating_blocks(["a", "b"], 5, 2)) == [
+        ("a", 0, 2), ("b", 0, 2), ("b", 2, 2), ("a", 2, 2), ("a", 4, 1), ("b", 4, 1)]
+    assert list(alternating_blocks(("a",), 0, 5)) == []
+    before = gc.get_freeze_count()
+    with frozen_heap():
+        assert gc.get_freeze_count() > before
+    assert gc.get_freeze_count() == before

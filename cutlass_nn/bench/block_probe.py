@@ -3,14 +3,43 @@ collections (automatic ones and any ``gc.collect()`` a step calls: how many, of 
 generation, and their wall time) and ``torch._dynamo`` frame compilations. A host-bound block
 that takes several times its neighbours' time is then attributable, or not, to a collection or
 a recompilation that landed in it, on whichever side (NOTES, twenty-sixth session: single blocks
-up to 3x slower than the rest of their row).
+up to 3x slower than the rest of their row). Also the blocks' schedule the timing harnesses
+share (:func:`alternating_blocks`) and the frozen heap they are timed on (:func:`frozen_heap`).
 """
 
 from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
+
+
+def alternating_blocks(names: Sequence[str], steps: int, block: int) -> Iterator[tuple[str, int, int]]:
+    """The timed blocks of the sides ``names``, ``steps`` steps each: (side, index of the block's
+    first step, steps in it) in the order they run -- rounds of one block per side, the side that
+    goes first alternating from round to round, so that the host's drift reaches all alike."""
+    done, rounds = 0, 0
+    while done < steps:
+        n = min(block, steps - done)
+        for side in names if rounds % 2 == 0 else list(names)[::-1]:
+            yield side, done, n
+        done += n
+        rounds += 1
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Everything allocated so far (the sides' models, optimizers, Dynamo's and Inductor's
+    caches) frozen after one collection, so that collections inside the timed blocks traverse
+    only what the steps made since; unfrozen afterwards, so that the sides can be freed."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _dynamo_frames_compiled() -> int:

@@ -77,7 +77,7 @@ from torch import nn
 import cutlass_nn
 from cutlass_nn.bench import fp8 as bench_fp8, peers
 from cutlass_nn.bench.attention_probe import format_attention_masks, probe_attention_masks
-from cutlass_nn.bench.block_probe import BlockProbe
+from cutlass_nn.bench.block_probe import BlockProbe, alternating_blocks, frozen_heap
 from cutlass_nn.bench.memory_readings import memory_now, peak_since_reset, raise_transient
 from cutlass_nn.bench.memory_trace import SideMemoryTrace, format_difference, recording
 from cutlass_nn.bench.models_report import (  # noqa: F401 (targets: part of this module's API)
@@ -242,35 +242,29 @@ def _time_blocks(out: dict[str, dict[str, Any]], trainers: dict[str, Trainer],
     """The timed part of :func:`run_sides`: alternating blocks of ``block`` back-to-back steps
     per side (the side that goes first alternates), recorded into each side's ``out`` entry."""
     cuda = torch.device(device).type == "cuda"
-    done = 0
-    rounds = 0
-    while done < steps:
-        n = min(block, steps - done)
-        for side in order if rounds % 2 == 0 else order[::-1]:
-            rec, trainer = out[side], trainers[side]
+    for side, first, n in alternating_blocks(order, steps, block):
+        rec, trainer = out[side], trainers[side]
+        _sync(device)
+        t_read = time.perf_counter()
+        start_alloc = memory_now(device)
+        read_ms = (time.perf_counter() - t_read) * 1e3
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        pending = []
+        with BlockProbe() as probe:
+            start = time.perf_counter()
+            for j in range(n):
+                s0 = time.perf_counter()
+                pending.append(trainer.step(batches[(first + j) % len(batches)]))
+                rec["enqueue_all_ms"].append((time.perf_counter() - s0) * 1e3)
             _sync(device)
-            t_read = time.perf_counter()
-            start_alloc = memory_now(device)
-            read_ms = (time.perf_counter() - t_read) * 1e3
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            pending = []
-            with BlockProbe() as probe:
-                start = time.perf_counter()
-                for j in range(n):
-                    s0 = time.perf_counter()
-                    pending.append(trainer.step(batches[(done + j) % len(batches)]))
-                    rec["enqueue_all_ms"].append((time.perf_counter() - s0) * 1e3)
-                _sync(device)
-                rec["block_step_ms"].append((time.perf_counter() - start) * 1e3 / n)
-            rec["block_probes"].append(dict(probe.summary(),
-                                            max_enqueue_ms=max(rec["enqueue_all_ms"][-n:]),
-                                            memory_read_ms=read_ms))
-            if cuda:
-                raise_transient(rec, peak_since_reset(device), start_alloc)
-            rec["losses"] += [float(x) for x in pending]
-        done += n
-        rounds += 1
+            rec["block_step_ms"].append((time.perf_counter() - start) * 1e3 / n)
+        rec["block_probes"].append(dict(probe.summary(),
+                                        max_enqueue_ms=max(rec["enqueue_all_ms"][-n:]),
+                                        memory_read_ms=read_ms))
+        if cuda:
+            raise_transient(rec, peak_since_reset(device), start_alloc)
+        rec["losses"] += [float(x) for x in pending]
 
 
 def run_sides(
@@ -306,9 +300,10 @@ def run_sides(
             # With the first step profiled, a converted compiled step measured slower (NOTES,
             # thirty-seventh session): it profiles the first step only for CUDA-graph replays
             # (whose operators run only in the first steps), else a step after the timed blocks.
-            graphs = mode == "reduce-overhead"
-            ran_ops = _ran_cutlass_ops(trainer, batches[0])[1] if graphs else None
-            if not graphs:
+            if mode == "reduce-overhead":
+                ran_ops = _ran_cutlass_ops(trainer, batches[0])[1]
+            else:
+                ran_ops = None  # checked after the timed blocks
                 trainer.step(batches[0])
             for i in range(1, warmup):
                 trainer.step(batches[i % len(batches)])
@@ -334,13 +329,9 @@ def run_sides(
     # the GPU machine spent about 0.4 s per block outside its steps, most likely in full
     # collections of that heap (NOTES, thirty-sixth session; `memory_read_ms` of each block
     # probe now times the reading). Unfrozen afterwards, so the sides can be freed.
-    gc.collect()
-    gc.freeze()
-    try:
+    with frozen_heap():
         _time_blocks(out, trainers, list(models), batches, steps=steps, block=block,
                      device=device)
-    finally:
-        gc.unfreeze()
     for side, rec in out.items():
         if rec["ran_cutlass_ops"] is None:
             rec["ran_cutlass_ops"] = _ran_cutlass_ops(trainers[side], batches[0])[1]
