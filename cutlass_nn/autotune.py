@@ -3,10 +3,13 @@
 The built-in rule picks a CUTLASS tile configuration from the problem's shape alone; it serves most
 transformer shapes, and the benchmark records where it does not. Autotune times every candidate
 configuration (128x256, 128x192 and 128x128 tiles, stream-K and split-K factors, the transposed
-small-M kernels, the short-K and the small weight-gradient kernels; each with CUTLASS's default
-scheduler swizzle, or the rule's where it is the rule's configuration) on the problem's real
-shape, checks each candidate's result against the rule's, and keeps the fastest in a
-process-wide table, per GPU and problem (M, N, K, operand layouts, dtypes, bias / accumulation).
+small-M kernels, the short-K and the small weight-gradient kernels; the persistent tile
+configurations each with the scheduler's default order and with a rasterization swizzle of 2)
+on the problem's real shape, checks each candidate's result against the rule's, and keeps the
+fastest in a process-wide table, per GPU and problem (M, N, K, operand layouts, dtypes, bias /
+accumulation). The timed runs rotate through copies of the operands that together hold at least
+twice the GPU's L2 (at most 32 copies), so that each run reads its operands from HBM, as the
+GEMMs of a training step do.
 Every later GEMM of that problem runs the kept choice; nothing changes a kept choice except
 :func:`clear` and :func:`load`.
 
@@ -24,7 +27,8 @@ Off by default. Three ways to tune:
 Safe under CUDA graphs and ``torch.compile``: a call on a stream that is being captured never
 tunes (it runs the rule's choice; the problem is tuned at its next uncaptured call), and a
 compiled graph calls the same operators, which read the same table. Tuning allocates a second set
-of the problem's operands; where memory is short it gives up and the rule's choice runs.
+of the problem's operands (where memory is short it gives up and the rule's choice runs), and
+for the timed runs the copies above (where memory is short, as many as fit).
 Problems of less than 2^24 multiply-adds are not tuned (host-bound: every choice is as fast).
 Tuning and first-call mode are process-wide: do not tune in one thread while another captures a
 CUDA graph. Each process tunes on its own, and two processes may keep different configurations

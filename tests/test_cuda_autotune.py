@@ -126,6 +126,41 @@ def test_table_entry_decides_the_kernel_and_forcing_wins(gen, tmp_path):
     assert ops.last_kernel_name().endswith(names[3]), ops.last_kernel_name()
 
 
+def test_tuning_times_on_operand_copies_past_the_l2(gen):
+    # The timed runs rotate through copies of A and B that together hold at least twice the L2
+    # (at most 32 copies), so that each run reads them from HBM as a training step's GEMMs do.
+    needs_sm90()
+    tokens, n, k = 4096, 1024, 1024
+    args = gemm_args("linear_nobias", tokens, n, k, torch.bfloat16, "contig", gen)
+    pair = (tokens * k + n * k) * 2
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    copies = min(32, -(-2 * l2 // pair))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with autotune.tuning():
+        run_ours("linear_nobias", args)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert len(autotune.entries()) == 1
+    assert extra >= copies * pair, (
+        f"tuning held {extra} bytes above the inputs; {copies} operand pairs of {pair} bytes "
+        f"(L2 {l2}) need {copies * pair}")
+    assert torch.cuda.memory_allocated() - base <= tokens * n * 2 + (1 << 20), "copies kept"
+
+
+def test_persistent_configurations_are_timed_with_both_swizzles(gen):
+    # 4096^3 forward: configurations 0, 1, 3, 10, 13, 14, 15 with swizzles 1 and 2, config 2 with
+    # five K decompositions, the four transposed tiles: at least 20 distinct candidates (16 when
+    # each persistent configuration ran with one swizzle only).
+    needs_sm90()
+    args = gemm_args("linear_nobias", 4096, 4096, 4096, torch.bfloat16, "contig", gen)
+    with autotune.tuning():
+        run_ours("linear_nobias", args)
+    (entry,) = autotune.entries()
+    assert entry.candidates >= 20, entry
+
+
 def test_small_problems_are_not_tuned(gen):
     needs_sm90()
     args = gemm_args("linear", 64, 128, 256, torch.bfloat16, "contig", gen)

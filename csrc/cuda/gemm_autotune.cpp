@@ -3,15 +3,18 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <unordered_map>
+#include <vector>
 
 namespace cutlass_nn {
 namespace cuda {
@@ -160,7 +163,46 @@ at::Tensor filled(int64_t rows, int64_t cols, at::ScalarType dtype, const at::Te
 struct Buffers {
   at::Tensor a, b, bias, d, reference;
   at::Tensor d_initial;  // the D that an accumulating candidate starts from (nonzero)
+  // Copies of A and B (index 0: a and b themselves) that the timed runs rotate through, so
+  // that each run reads operands the run before did not leave in L2 (cold_operand_copies).
+  std::vector<at::Tensor> a_copies, b_copies;
 };
+
+// How many copies of the operands the timed runs rotate through: enough that one pass over them
+// moves at least twice the L2's size, at most kMaxOperandCopies. Timed on one warm pair, a GEMM
+// ran 13-20% faster than the same problem inside a training step, whose operands come from HBM
+// (benchmarks/NOTES.md, session 31: 4096^3 162.6 vs 184.7-188.3 us), and the configurations need
+// not gain alike: a 128x128 tile reads a third more operand bytes per output than a 128x256 one.
+constexpr int kMaxOperandCopies = 32;
+
+int cold_operand_copies(const Buffers& buf, int device) {
+  int l2_bytes = 0;
+  if (cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  const double pair = double(buf.a.nbytes()) + double(buf.b.nbytes());
+  if (pair <= 0 || l2_bytes <= 0) return 1;
+  const double wanted = std::ceil(2.0 * double(l2_bytes) / pair);
+  return wanted >= kMaxOperandCopies ? kMaxOperandCopies : std::max(1, static_cast<int>(wanted));
+}
+
+// Fills buf.a_copies / b_copies: the operands and up to copies - 1 clones (fewer where memory is
+// short: then the runs rotate through what fits, warm as before at one pair).
+void make_operand_copies(Buffers& buf, int copies) {
+  buf.a_copies = {buf.a};
+  buf.b_copies = {buf.b};
+  for (int i = 1; i < copies; ++i) {
+    try {
+      at::Tensor a = buf.a.clone();
+      at::Tensor b = buf.b.clone();
+      buf.a_copies.push_back(std::move(a));
+      buf.b_copies.push_back(std::move(b));
+    } catch (const c10::OutOfMemoryError&) {
+      break;
+    }
+  }
+}
 
 GemmParams tuning_params(const GemmParams& like_p, Buffers& buf, const at::Tensor& like) {
   GemmParams p = like_p;
@@ -221,13 +263,29 @@ bool run(const GemmPlan& plan, const at::Tensor& workspace, cudaStream_t stream)
          kernels::GemmStatus::kSuccess;
 }
 
-// Mean time in milliseconds of one run within a batch of `reps` back-to-back runs, or a
-// negative value if a run failed.
-double batch_ms(const GemmPlan& plan, const at::Tensor& workspace, cudaStream_t stream,
-                EventPair& ev, int reps) {
+// The plan on copy `i` of the operands. The plan's A and B may be the problem's B and A (a
+// transposed kernel), so each pointer is mapped by which operand it is.
+GemmPlan on_copy(const GemmPlan& plan, const Buffers& buf, size_t i) {
+  GemmPlan q = plan;
+  const size_t j = i % buf.a_copies.size();
+  if (j == 0) return q;
+  auto map = [&](const void* ptr) -> const void* {
+    if (ptr == buf.a.data_ptr()) return buf.a_copies[j].data_ptr();
+    if (ptr == buf.b.data_ptr()) return buf.b_copies[j].data_ptr();
+    return ptr;
+  };
+  q.params.a = map(q.params.a);
+  q.params.b = map(q.params.b);
+  return q;
+}
+
+// Mean time in milliseconds of one run within a batch of `reps` back-to-back runs, each on the
+// next copy of the operands (continuing from *next_copy), or a negative value if a run failed.
+double batch_ms(const GemmPlan& plan, const Buffers& buf, const at::Tensor& workspace,
+                cudaStream_t stream, EventPair& ev, int reps, size_t* next_copy) {
   if (cudaEventRecord(ev.start, stream) != cudaSuccess) return -1;
   for (int i = 0; i < reps; ++i) {
-    if (!run(plan, workspace, stream)) return -1;
+    if (!run(on_copy(plan, buf, (*next_copy)++), workspace, stream)) return -1;
   }
   float ms = 0;
   if (cudaEventRecord(ev.stop, stream) != cudaSuccess ||
@@ -240,12 +298,12 @@ double batch_ms(const GemmPlan& plan, const at::Tensor& workspace, cudaStream_t 
 
 // Runs per timed batch of a plan (a batch of about a millisecond, 3..200 runs) after two warm-up
 // runs, or a negative value if a run failed.
-int batch_reps(const GemmPlan& plan, const at::Tensor& workspace, cudaStream_t stream,
-               EventPair& ev) {
+int batch_reps(const GemmPlan& plan, const Buffers& buf, const at::Tensor& workspace,
+               cudaStream_t stream, EventPair& ev, size_t* next_copy) {
   for (int i = 0; i < 2; ++i) {
-    if (!run(plan, workspace, stream)) return -1;
+    if (!run(on_copy(plan, buf, (*next_copy)++), workspace, stream)) return -1;
   }
-  const double estimate = batch_ms(plan, workspace, stream, ev, 3);
+  const double estimate = batch_ms(plan, buf, workspace, stream, ev, 3, next_copy);
   if (estimate < 0) return -1;
   const int reps = estimate > 0 ? static_cast<int>(1.0 / estimate) : 200;
   return reps < 3 ? 3 : (reps > 200 ? 200 : reps);
@@ -258,23 +316,30 @@ int batch_reps(const GemmPlan& plan, const at::Tensor& workspace, cudaStream_t s
 // timed later (benchmarks/NOTES.md v0.21).
 constexpr int kTimedRounds = 5;
 
-// The candidates: (config, swizzle, splits). The rule's own choice runs first (its result is
+// The candidates: (config, splits, swizzle). The rule's own choice runs first (its result is
 // the reference the others are checked against); candidates whose plan resolves to one already
 // taken (a configuration without a kernel for this layout falls back to the rule) are skipped.
-constexpr std::array<std::array<int, 3>, 21> kCandidates = {{
+// The persistent tile configurations run with the scheduler's default order (swizzle 1) and with
+// a swizzle of 2 (neighbouring CTAs share operand tiles): the rule gives several of them a
+// swizzle of 2, and a forced configuration otherwise runs with the default only (config 13 on
+// small weight gradients ran up to 26% faster with 2, benchmarks/NOTES.md v0.29).
+constexpr std::array<std::array<int, 3>, 28> kCandidates = {{
     {-1, 0, 0},                                    // the rule
-    {0, 0, 0},                                     // 128x256, 2x1 cluster
-    {1, 0, 0},                                     // 128x192, no cluster
-    {2, 0, 0}, {2, 0, 1}, {2, 0, 2}, {2, 0, 3}, {2, 0, 4},  // 128x128 stream-K / DP / split-K
-    {3, 0, 0},                                     // 128x128 ping-pong
+    {0, 0, 1}, {0, 0, 2},                          // 128x256, 2x1 cluster
+    {1, 0, 1}, {1, 0, 2},                          // 128x192, no cluster
+    {2, 0, 0}, {2, 1, 0}, {2, 2, 0}, {2, 3, 0}, {2, 4, 0},  // 128x128 stream-K / DP / split-K
+    {3, 0, 1}, {3, 0, 2},                          // 128x128 ping-pong, 1x2 cluster
     {4, 0, 0}, {5, 0, 0}, {6, 0, 0}, {7, 0, 0},    // transposed small-M tiles
     {8, 0, 0}, {9, 0, 0},                          // short-K weight gradient
-    {10, 0, 0},                                    // 128x192, 2x1 cluster
+    {10, 0, 1}, {10, 0, 2},                        // 128x192, 2x1 cluster
     {11, 0, 0}, {12, 0, 0},                        // small weight gradient, whole K
-    {13, 0, 0},                                    // 64x128 ping-pong
-    {14, 0, 0},                                    // 256x128, 1x2 cluster
-    {15, 0, 0},                                    // 128x128 ping-pong, no cluster
+    {13, 0, 1}, {13, 0, 2},                        // 64x128 ping-pong
+    {14, 0, 1}, {14, 0, 2},                        // 256x128, 1x2 cluster
+    {15, 0, 1}, {15, 0, 2},                        // 128x128 ping-pong, no cluster
 }};
+
+// Swizzles 0 and 1 are the same order (CUTLASS's default).
+int effective_swizzle(int swizzle) { return swizzle <= 1 ? 1 : swizzle; }
 
 bool same_output(const at::Tensor& d, const at::Tensor& reference) {
   const at::Tensor ref = reference.to(at::kFloat);
@@ -321,8 +386,8 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
   for (const auto& cand : kCandidates) {
     GemmParams q = base;
     q.sm90_config = cand[0];
-    q.swizzle = cand[1];
-    q.splits = cand[2];
+    q.splits = cand[1];
+    q.swizzle = cand[2];
     const GemmPlan plan = kernels::plan_gemm(q);
     if (plan.kernel == nullptr) {
       if (cand[0] < 0) return std::nullopt;
@@ -336,7 +401,8 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
     bool duplicate = false;
     for (const Tried& t : tried) {
       duplicate = duplicate || (t.kernel == plan.kernel && t.choice.transposed == c.transposed &&
-                                t.choice.splits == c.splits && t.choice.swizzle == c.swizzle);
+                                t.choice.splits == c.splits &&
+                                effective_swizzle(t.choice.swizzle) == effective_swizzle(c.swizzle));
     }
     if (duplicate) continue;
     tried.push_back({plan.kernel, c});
@@ -360,9 +426,12 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
     }
     timed.push_back({plan, c, workspace, is_rule, 0, kNotTimed});
   }
-  // Warm-up and batch size of each candidate, then the interleaved rounds.
+  // Warm-up and batch size of each candidate, then the interleaved rounds, every run on the next
+  // copy of the operands (made after the checks, which need one copy only).
+  make_operand_copies(buf, cold_operand_copies(buf, like.get_device()));
+  size_t next_copy = 0;
   for (Candidate& t : timed) {
-    t.reps = batch_reps(t.plan, t.workspace, stream, events);
+    t.reps = batch_reps(t.plan, buf, t.workspace, stream, events, &next_copy);
     if (t.reps < 0) {
       if (t.is_rule || cudaPeekAtLastError() != cudaSuccess) return abandon();
       t.best_ms = kFailed;
@@ -373,7 +442,7 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
     for (size_t j = 0; j < n; ++j) {
       Candidate& t = timed[(j + static_cast<size_t>(round)) % n];
       if (t.best_ms == kFailed) continue;
-      const double ms = batch_ms(t.plan, t.workspace, stream, events, t.reps);
+      const double ms = batch_ms(t.plan, buf, t.workspace, stream, events, t.reps, &next_copy);
       if (ms < 0) {
         if (t.is_rule || cudaPeekAtLastError() != cudaSuccess) return abandon();
         t.best_ms = kFailed;
