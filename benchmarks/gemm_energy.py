@@ -13,13 +13,15 @@ energy counter (NVML, ``nvmlDeviceGetTotalEnergyConsumption``) and its SM clock 
 Usage::
 
     python benchmarks/gemm_energy.py [--shapes 4096x4096x4096,...] [--block-s 1.0]
-        [--rounds 3] [--sets 4] [--out DIR]
+        [--rounds 3] [--sets 4] [--config C[:SWIZZLE]] [--out DIR]
 
 A shape is ``TxNxK``: ``T`` tokens, an ``N x K`` weight (the forward of a linear layer, "tn").
 Operands rotate over ``--sets`` copies so that a launch does not find the previous one's operands
 in L2. Per problem and side: the median over rounds of microseconds per GEMM (wall time of the
 block over its launches, the GPU kept busy), millijoules per GEMM, mean watts and the median SM
-clock; the ratios are ours / cuBLAS (time > 1: ours slower; energy > 1: ours draws more). JSON to
+clock; the ratios are ours / cuBLAS (time > 1: ours slower; energy > 1: ours draws more).
+``--config`` forces one tile configuration (and swizzle) on our side
+(``torch.ops.cutlass_nn._set_gemm_config``; the rule's choice otherwise). JSON to
 ``--out`` with the device, versions, date and command. Needs a CUDA GPU and NVML
 (``libnvidia-ml.so.1``, part of the driver).
 """
@@ -88,6 +90,16 @@ class Nvml:
         self._check(self.lib.nvmlDeviceGetEnforcedPowerLimit(self.handle, ctypes.byref(value)),
                     "nvmlDeviceGetEnforcedPowerLimit")
         return value.value / 1000.0
+
+
+def parse_config(text: str | None) -> tuple[int, int] | None:
+    """``14`` or ``14:2`` -> (config, swizzle); None stays None; a ValueError names bad text."""
+    if text is None:
+        return None
+    head, sep, tail = text.partition(":")
+    if not head.isdigit() or (sep and not tail.isdigit()) or int(tail or 0) > 8:
+        raise ValueError(f"--config: {text!r} is not C or C:SWIZZLE (swizzle <= 8)")
+    return int(head), int(tail or 0)
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -182,10 +194,13 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--block-s", type=float, default=1.0, help="seconds per timed block")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sets", type=int, default=4, help="operand copies the launches rotate over")
+    p.add_argument("--config", default=None,
+                   help="force this tile configuration on our side, C or C:SWIZZLE (default: the rule)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(list(argv))
     try:
         shapes = parse_shapes(args.shapes)
+        forced = parse_config(args.config)
     except ValueError as exc:
         p.error(str(exc))
     if args.rounds < 1 or args.sets < 1 or not 0.05 <= args.block_s <= 30:
@@ -194,11 +209,17 @@ def main(argv: Sequence[str]) -> int:
         print("gemm_energy: needs a CUDA GPU")
         return 2
     nvml = Nvml()
+    if forced is not None:
+        names = [n for n in torch.ops.cutlass_nn._gemm_configs().splitlines() if n]
+        if forced[0] >= len(names):
+            p.error(f"--config: {forced[0]} is not below the build's {len(names)} configurations")
+        torch.ops.cutlass_nn._set_gemm_config(forced[0], forced[1], 0)
     props = torch.cuda.get_device_properties(0)
     meta = {"device": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
             "python": sys.version.split()[0], "power_limit_w": nvml.power_limit_w(),
+            "forced_config": list(forced) if forced is not None else None,
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": "python benchmarks/gemm_energy.py " + " ".join(argv)}
+            "command": " ".join(["python benchmarks/gemm_energy.py", *argv])}
     print(f"gemm_energy: {props.name}, power limit {meta['power_limit_w']:.0f} W, "
           f"torch {torch.__version__}")
     print("| T x N x K | cuBLAS us | ours us | time ours/cuBLAS | cuBLAS mJ | ours mJ | "

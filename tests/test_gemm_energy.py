@@ -27,12 +27,22 @@ def test_shapes_parse_and_bad_ones_are_named(energy):
     assert energy.parse_shapes(energy.DEFAULT_SHAPES)[0] == (4096, 4096, 4096)
 
 
+def test_forced_configurations_parse(energy):
+    assert energy.parse_config(None) is None
+    assert energy.parse_config("14") == (14, 0) and energy.parse_config("3:2") == (3, 2)
+    for bad in ("x", "3:", "3:9", "-1", "3:2:1"):
+        with pytest.raises(ValueError, match="--config"):
+            energy.parse_config(bad)
+
+
 def test_bad_arguments_exit_with_a_message(energy, capsys):
     with pytest.raises(SystemExit):
         energy.main(["--shapes", "12x3"])
     assert "TxNxK" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         energy.main(["--rounds", "0"])
+    with pytest.raises(SystemExit):
+        energy.main(["--config", "14:x"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal without a GPU")
