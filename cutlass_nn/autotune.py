@@ -3,13 +3,14 @@
 The built-in rule picks a CUTLASS tile configuration from the problem's shape alone; it serves most
 transformer shapes, and the benchmark records where it does not. Autotune times every candidate
 configuration (128x256, 128x192 and 128x128 tiles, stream-K and split-K factors, the transposed
-small-M kernels, the short-K and the small weight-gradient kernels; the persistent tile
-configurations each with the scheduler's default order and with a rasterization swizzle of 2)
+small-M kernels, the short-K and the small weight-gradient kernels; configurations 0, 1, 3,
+10, 13, 14 and 15 each with the scheduler's default order and with a rasterization swizzle of 2)
 on the problem's real shape, checks each candidate's result against the rule's, and keeps the
 fastest in a process-wide table, per GPU and problem (M, N, K, operand layouts, dtypes, bias /
-accumulation). The timed runs rotate through copies of the operands that together hold at least
-twice the GPU's L2 (at most 32 copies), so that each run reads its operands from HBM, as the
-GEMMs of a training step do.
+accumulation). The timed runs rotate through copies of A and B that together hold at least
+twice the GPU's L2 (at most 32 copies), so that each run reads them from HBM, as the GEMMs of a
+training step do; operands smaller than 1/16 of the L2 stay partly cached, and an accumulated
+output (C = D) is not rotated.
 Every later GEMM of that problem runs the kept choice; nothing changes a kept choice except
 :func:`clear` and :func:`load`.
 

@@ -169,10 +169,12 @@ struct Buffers {
 };
 
 // How many copies of the operands the timed runs rotate through: enough that one pass over them
-// moves at least twice the L2's size, at most kMaxOperandCopies. Timed on one warm pair, a GEMM
-// ran 13-20% faster than the same problem inside a training step, whose operands come from HBM
-// (benchmarks/NOTES.md, session 31: 4096^3 162.6 vs 184.7-188.3 us), and the configurations need
-// not gain alike: a 128x128 tile reads a third more operand bytes per output than a 128x256 one.
+// moves at least twice the L2's size, at most kMaxOperandCopies (operands under 1/16 of the L2
+// stay partly cached; an accumulated D, which is also C, is not rotated). Inside a training step
+// a GEMM's operands mostly come from HBM, and the configurations need not gain alike from a warm
+// L2: a 128x128 tile reads a third more operand bytes per output than a 128x256 one. (The tuner
+// on one warm pair timed the k/v projections, whose operands fit the L2, 15-17% faster than the
+// step ran them: benchmarks/NOTES.md, session 31.)
 constexpr int kMaxOperandCopies = 32;
 
 int cold_operand_copies(const Buffers& buf, int device) {
