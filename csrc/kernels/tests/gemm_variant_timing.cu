@@ -3,7 +3,7 @@
 // worth a configuration of the library (scripts/gemm_variant_ab.sh builds and runs it).
 //
 //   gemm_variant_timing [--rounds R] [--samples S] [--iters I] [--gap-us G] [--rasters 0,1,2]
-//                       [--swizzles 1,2] MxNxK:tn|nn|nt ...
+//                       [--swizzles 1,2] [--energy-ms T] MxNxK:tn|nn|nt ...
 //
 // bfloat16, D = A @ B, A row-major, B column-major (tn, a linear layer's forward) or row-major
 // (nn, its dgrad), or A column-major and B row-major (nt, its weight gradient). Each problem runs on rotating operand sets covering twice the L2, so that no
@@ -22,9 +22,18 @@
 // --iters 1 each sample then times one launch, which follows the gap and one untimed launch
 // (that one keeps the host's enqueue out of the timed interval), and the large GEMMs' times
 // come within 2% of those measured inside training steps.
+//
+// Energy: --energy-ms T adds, after each variant's samples in each round, one block of T ms of
+// back-to-back launches around which the GPU's energy counter is read (NVML's
+// nvmlDeviceGetTotalEnergyConsumption, loaded with dlopen from the driver's libnvidia-ml.so.1,
+// so nothing is linked). Each line then also gives the median millijoules per launch, the
+// energy ratio ours / cuBLAS (> 1: ours draws more), and the median microseconds per launch of
+// those blocks (at the power limit for the large GEMMs, as in a GPU-bound training step: there
+// our kernels' time deficit follows their energy, benchmarks/NOTES.md, thirty-eighth session).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -159,12 +168,67 @@ struct Entry {
   double check;       // relative difference to cuBLAS on set 0
   std::vector<float> us;
   bool failed = false;  // a launch returned an error: no time is reported
+  std::vector<float> block_mj, block_us;  // --energy-ms: per block, mJ and us per launch
 };
+
+// The GPU's energy counter through NVML, loaded at run time (no link dependency).
+class EnergyCounter {
+ public:
+  explicit EnergyCounter(int device) {
+    lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (lib_ == nullptr) return;
+    using Init = int (*)();
+    using ByBus = int (*)(const char*, void**);
+    auto init = reinterpret_cast<Init>(dlsym(lib_, "nvmlInit_v2"));
+    auto by_bus = reinterpret_cast<ByBus>(dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
+    energy_ = reinterpret_cast<Energy>(dlsym(lib_, "nvmlDeviceGetTotalEnergyConsumption"));
+    char bus[32] = {0};
+    if (init == nullptr || by_bus == nullptr || energy_ == nullptr || init() != 0 ||
+        cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess ||
+        by_bus(bus, &handle_) != 0) {
+      handle_ = nullptr;
+    }
+  }
+  ~EnergyCounter() {
+    if (lib_ != nullptr) dlclose(lib_);
+  }
+  bool ok() const { return handle_ != nullptr; }
+  // Millijoules used since the driver loaded, or -1 on failure.
+  long long millijoules() const {
+    unsigned long long mj = 0;
+    return ok() && energy_(handle_, &mj) == 0 ? static_cast<long long>(mj) : -1;
+  }
+
+ private:
+  using Energy = int (*)(void*, unsigned long long*);
+  void* lib_ = nullptr;
+  void* handle_ = nullptr;
+  Energy energy_ = nullptr;
+};
+
+// One block of back-to-back launches for about `ms` milliseconds: millijoules and microseconds
+// per launch appended to the entry (nothing when a launch or the counter fails).
+void energy_block(Entry& e, const EnergyCounter& counter, int ms, int nsets, cudaStream_t stream) {
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const long long e0 = counter.millijoules();
+  const auto t0 = std::chrono::steady_clock::now();
+  long long launches = 0;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(ms) && !e.failed) {
+    for (int i = 0; i < 8; ++i) e.failed = !e.prepared->launch(launches++ % nsets, stream) || e.failed;
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const auto t1 = std::chrono::steady_clock::now();
+  const long long e1 = counter.millijoules();
+  if (e.failed || e0 < 0 || e1 < e0 || launches == 0) return;
+  const double us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+  e.block_mj.push_back(static_cast<float>(double(e1 - e0) / launches));
+  e.block_us.push_back(static_cast<float>(us / launches));
+}
 
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--rounds R] [--samples S] [--iters I] [--gap-us G] [--rasters 0,1,2] "
-               "[--swizzles 1,2] MxNxK:tn|nn|nt ...\n",
+               "[--swizzles 1,2] [--energy-ms T] MxNxK:tn|nn|nt ...\n",
                argv0);
   return 2;
 }
@@ -172,7 +236,7 @@ int usage(const char* argv0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int rounds = 3, samples = 5, iters = 20, gap_us = 0;
+  int rounds = 3, samples = 5, iters = 20, gap_us = 0, energy_ms = 0;
   std::vector<int> rasters = {0}, swizzles = {1};
   std::vector<Problem> problems;
   for (int i = 1; i < argc; ++i) {
@@ -189,13 +253,16 @@ int main(int argc, char** argv) {
       rasters = parse_list(argv[++i]);
     } else if (i + 1 < argc && a == "--swizzles") {
       swizzles = parse_list(argv[++i]);
+    } else if (i + 1 < argc && a == "--energy-ms") {
+      energy_ms = std::atoi(argv[++i]);
     } else {
       Problem pr;
       if (!parse_problem(argv[i], &pr)) return usage(argv[0]);
       problems.push_back(pr);
     }
   }
-  if (problems.empty() || rounds < 1 || samples < 1 || iters < 1 || gap_us < 0) {
+  if (problems.empty() || rounds < 1 || samples < 1 || iters < 1 || gap_us < 0 ||
+      energy_ms < 0 || energy_ms > 60000) {
     return usage(argv[0]);
   }
 
@@ -212,14 +279,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cublasCreate failed\n");
     return 1;
   }
+  const EnergyCounter counter(device);
+  if (energy_ms > 0 && !counter.ok()) {
+    std::fprintf(stderr, "--energy-ms: NVML's energy counter is not available here\n");
+    return 1;
+  }
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
   auto& registry = cutlass_nn::variants::variant_registry();
   std::printf(
       "device %s (%d SMs, L2 %d MiB); %zu variants; rounds %d x samples %d x %d launches; "
-      "%d us idle before each sample\n",
-      prop.name, sms, l2 >> 20, registry.size(), rounds, samples, iters, gap_us);
+      "%d us idle before each sample; energy blocks of %d ms\n",
+      prop.name, sms, l2 >> 20, registry.size(), rounds, samples, iters, gap_us, energy_ms);
 
   for (const Problem& pr : problems) {
     Buffers buf;
@@ -284,6 +356,7 @@ int main(int argc, char** argv) {
           CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
           e.us.push_back(1000.0f * ms / iters);
         }
+        if (energy_ms > 0 && !e.failed) energy_block(e, counter, energy_ms, nsets, stream);
       }
     }
     CHECK_CUDA(cudaGetLastError());
@@ -306,6 +379,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     const float base = median(entries[0].us);
+    const bool energy = energy_ms > 0 && !entries[0].block_mj.empty();
+    const float base_mj = energy ? median(entries[0].block_mj) : 0.0f;
     for (const Entry& e : entries) {
       if (e.failed || e.us.empty()) {
         std::printf("%lldx%lldx%lld:%s  %-40s launch failed\n", (long long)pr.m, (long long)pr.n,
@@ -313,9 +388,16 @@ int main(int argc, char** argv) {
         continue;
       }
       const float us = median(e.us);
-      std::printf("%lldx%lldx%lld:%s  %-40s %9.2f us  %6.3f  %s (%.1e)\n", (long long)pr.m,
+      char extra[96] = "";
+      if (energy && !e.block_mj.empty()) {
+        const float mj = median(e.block_mj);
+        std::snprintf(extra, sizeof(extra), "  %8.3f mJ  energy %6.3f  sustained %9.2f us", mj,
+                      mj / base_mj, median(e.block_us));
+      }
+      std::printf("%lldx%lldx%lld:%s  %-40s %9.2f us  %6.3f  %s (%.1e)%s\n", (long long)pr.m,
                   (long long)pr.n, (long long)pr.k, layout_name(pr),
-                  e.label.c_str(), us, base / us, e.check <= 1e-2 ? "ok" : "MISMATCH", e.check);
+                  e.label.c_str(), us, base / us, e.check <= 1e-2 ? "ok" : "MISMATCH", e.check,
+                  extra);
     }
     std::fflush(stdout);
   }

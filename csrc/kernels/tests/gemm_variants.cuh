@@ -116,6 +116,17 @@ struct WithStreamK : Base {
   using TileScheduler = kernels::StreamKScheduler;
 };
 
+// A configuration (used with WithoutC) whose epilogue writes D from the accumulator registers
+// straight to global memory (CUTLASS's NoSmemWarpSpecialized: no shared-memory staging, no TMA
+// store). On the H200 our kernels spend 1-3% more energy per GEMM than cuBLAS's at the same
+// tile and cluster, and at the power limit that is their time deficit (benchmarks/NOTES.md,
+// thirty-eighth session); the staged epilogue's shared-memory round trip of each output tile is
+// one place the extra energy may go, and the stages it frees go to the mainloop.
+template <class Base>
+struct WithNoSmemEpilogue : Base {
+  using EpilogueSchedule = cutlass::epilogue::NoSmemWarpSpecialized;
+};
+
 // Sm90Gemm's mainloop with the epilogue of WithoutC: D = alpha * acc, bf16.
 template <class LayoutA, class LayoutB, class Cfg>
 struct Sm90GemmWithoutC {
@@ -362,7 +373,10 @@ using AllConfigs = std::tuple<
     WithStreamK<kernels::Sm90TileConfig<0>>,                             // 24
     WithStreamK<VariantConfig<128, 256, 64, 1, 1, false>>,               // 25
     WithStreamK<kernels::Sm90TileConfig<14>>,                            // 26
-    WithoutC<WithStreamK<kernels::Sm90TileConfig<0>>>>;                  // 27
+    WithoutC<WithStreamK<kernels::Sm90TileConfig<0>>>,                   // 27
+    // 28, 29: configs 0 and 3 without C, their epilogue without shared memory (WithNoSmemEpilogue).
+    WithoutC<WithNoSmemEpilogue<kernels::Sm90TileConfig<0>>>,            // 28
+    WithoutC<WithNoSmemEpilogue<kernels::Sm90TileConfig<3>>>>;           // 29
 constexpr const char* kLabels[] = {
     "c0 128x256 2x1 coop",        "c3 128x128 1x2 pingpong",      "c14 256x128 1x2 coop",
     "256x128 2x1 coop",           "256x128 1x1 coop",             "256x128 1x2 coop epi128x64",
@@ -376,7 +390,8 @@ constexpr const char* kLabels[] = {
     "128x176 2x1 pingpong epi64x176 without C", "128x176 2x1 pingpong epi64x176",
     "128x176 1x1 pingpong epi64x176 without C",
     "c0 stream-K",                 "128x256 1x1 coop stream-K",    "c14 stream-K",
-    "c0 stream-K without C"};
+    "c0 stream-K without C",
+    "c0 without C, no-smem epilogue", "c3 without C, no-smem epilogue"};
 static_assert(std::size(kLabels) == std::tuple_size_v<AllConfigs>, "one label per variant");
 static_assert(CUTLASS_NN_VARIANT >= 0 && CUTLASS_NN_VARIANT < std::tuple_size_v<AllConfigs>,
               "gemm_variants.cuh: CUTLASS_NN_VARIANT names no variant");
