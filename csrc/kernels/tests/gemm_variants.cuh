@@ -376,7 +376,13 @@ using AllConfigs = std::tuple<
     WithoutC<WithStreamK<kernels::Sm90TileConfig<0>>>,                   // 27
     // 28, 29: configs 0 and 3 without C, their epilogue without shared memory (WithNoSmemEpilogue).
     WithoutC<WithNoSmemEpilogue<kernels::Sm90TileConfig<0>>>,            // 28
-    WithoutC<WithNoSmemEpilogue<kernels::Sm90TileConfig<3>>>>;           // 29
+    WithoutC<WithNoSmemEpilogue<kernels::Sm90TileConfig<3>>>,            // 29
+    // 30, 31: for the 512-token problems (29 of the 42 shape-set rows below 0.90 of cuBLAS on
+    // the H200, 6-15 us each), where cuBLAS runs small tiles with deep pipelines (64x64 with 13
+    // stages of 64-deep k-blocks, on the H100): a 64x64x64 ping-pong tile (16 KiB stages, as
+    // many as fit), and config 13 (64x128x64 ping-pong) as the library has it.
+    VariantConfig<64, 64, 64, 1, 1, true>,                               // 30
+    kernels::Sm90TileConfig<13>>;                                        // 31
 constexpr const char* kLabels[] = {
     "c0 128x256 2x1 coop",        "c3 128x128 1x2 pingpong",      "c14 256x128 1x2 coop",
     "256x128 2x1 coop",           "256x128 1x1 coop",             "256x128 1x2 coop epi128x64",
@@ -391,7 +397,8 @@ constexpr const char* kLabels[] = {
     "128x176 1x1 pingpong epi64x176 without C",
     "c0 stream-K",                 "128x256 1x1 coop stream-K",    "c14 stream-K",
     "c0 stream-K without C",
-    "c0 without C, no-smem epilogue", "c3 without C, no-smem epilogue"};
+    "c0 without C, no-smem epilogue", "c3 without C, no-smem epilogue",
+    "64x64x64 1x1 pingpong",       "c13 64x128 1x1 pingpong"};
 static_assert(std::size(kLabels) == std::tuple_size_v<AllConfigs>, "one label per variant");
 static_assert(CUTLASS_NN_VARIANT >= 0 && CUTLASS_NN_VARIANT < std::tuple_size_v<AllConfigs>,
               "gemm_variants.cuh: CUTLASS_NN_VARIANT names no variant");
