@@ -6,9 +6,14 @@ than in isolated timings with idle gaps between launches (benchmarks/NOTES.md, s
 clock at 1350-1500 MHz. Under a power limit a kernel's speed is set by its energy per GEMM: a
 kernel that draws more joules per product is clocked down further. This script measures that
 directly. For each problem it runs blocks of back-to-back launches, alternating between
-``F.linear`` (cuBLAS) and ``cutlass_nn.ops.linear`` (the rule's kernel), and reads the GPU's
-energy counter (NVML, ``nvmlDeviceGetTotalEnergyConsumption``) and its SM clock (sampled every
-20 ms by a thread) around each block.
+``F.linear`` (cuBLAS) and ``cutlass_nn.ops.linear`` (the rule's kernel), while a thread polls the
+GPU's energy counter (NVML, ``nvmlDeviceGetTotalEnergyConsumption``) and its SM clock every
+2 ms. The counter moves in steps of about 0.1 s (61-71 J at 690 W on an H200), so a block's power
+is taken between the counter's first and last change inside it, never from the block's ends
+(read at arbitrary moments, a 1 s block is off by up to one step: benchmarks/NOTES.md,
+thirty-eighth session), and its energy per GEMM is that power times its time per GEMM. At the
+power limit both sides run at the same power and energy follows time; the SM clock then says
+which side the cap slows down.
 
 Usage::
 
@@ -16,11 +21,15 @@ Usage::
         [--rounds 3] [--sets 4] [--config C[:SWIZZLE]] [--out DIR]
 
 A shape is ``TxNxK``: ``T`` tokens, an ``N x K`` weight (the forward of a linear layer, "tn").
-Operands rotate over ``--sets`` copies so that a launch does not find the previous one's operands
-in L2. Per problem and side: the median over rounds of microseconds per GEMM (wall time of the
-block over its launches, the GPU kept busy), millijoules per GEMM, mean watts and the median SM
-clock; the ratios are ours / cuBLAS (time > 1: ours slower; energy > 1: ours draws more).
-``--config`` forces one tile configuration (and swizzle) on our side
+Operands rotate over copies that together cover at least twice the L2 (``--sets`` is the
+least number) so that a launch does not find the previous one's operands in L2. Per problem and
+side: the median over rounds of microseconds per GEMM (wall time of the block over its launches),
+watts, millijoules per GEMM and the median SM clock; the ratios are ours / cuBLAS (time > 1: ours
+slower; energy > 1: ours draws more). A block is flagged ``host_bound`` when the GPU's queue
+held fewer than 50 launches at its end (the host, not the GPU, set its pace: its time is host
+cost per call and its energy includes idle power), and ``over_limit`` when its power exceeds the
+enforced limit by more than 2% (a reading to distrust). ``--config C`` forces tile
+configuration C with the scheduler's default order on our side, ``C:S`` with swizzle S
 (``torch.ops.cutlass_nn._set_gemm_config``; the rule's choice otherwise). JSON to
 ``--out`` with the device, versions, date and command. Needs a CUDA GPU and NVML
 (``libnvidia-ml.so.1``, part of the driver).
@@ -31,6 +40,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
+import os
 import statistics
 import sys
 import threading
@@ -61,9 +72,11 @@ class Nvml:
             rc = self.lib.nvmlDeviceGetHandleByPciBusId_v2(pci, ctypes.byref(self.handle))
             if rc == 0:
                 return
-        if torch.cuda.device_count() != 1:
+        if self._handle_by_uuid(props):
+            return
+        if torch.cuda.device_count() != 1 or os.environ.get("CUDA_VISIBLE_DEVICES"):
             raise RuntimeError("gemm_energy: cannot match the CUDA device to an NVML device "
-                               "(no PCI bus id, several GPUs)")
+                               "(no PCI bus id or UUID match; several or masked GPUs)")
         self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.handle)),
                     "nvmlDeviceGetHandleByIndex_v2")
 
@@ -79,6 +92,14 @@ class Nvml:
                     "nvmlDeviceGetTotalEnergyConsumption")
         return int(value.value)
 
+    def _handle_by_uuid(self, props) -> bool:
+        uuid = getattr(props, "uuid", None)
+        if uuid is None:
+            return False
+        text = str(uuid)
+        text = text if text.startswith("GPU-") else "GPU-" + text
+        return self.lib.nvmlDeviceGetHandleByUUID(text.encode(), ctypes.byref(self.handle)) == 0
+
     def sm_clock_mhz(self) -> int:
         value = ctypes.c_uint()
         self._check(self.lib.nvmlDeviceGetClockInfo(self.handle, NVML_CLOCK_SM, ctypes.byref(value)),
@@ -93,13 +114,14 @@ class Nvml:
 
 
 def parse_config(text: str | None) -> tuple[int, int] | None:
-    """``14`` or ``14:2`` -> (config, swizzle); None stays None; a ValueError names bad text."""
+    """``14`` -> (14, 1) (the scheduler's default order, also where 14 is the rule's own choice
+    with another swizzle), ``14:2`` -> (14, 2); None stays None; a ValueError names bad text."""
     if text is None:
         return None
     head, sep, tail = text.partition(":")
-    if not head.isdigit() or (sep and not tail.isdigit()) or int(tail or 0) > 8:
-        raise ValueError(f"--config: {text!r} is not C or C:SWIZZLE (swizzle <= 8)")
-    return int(head), int(tail or 0)
+    if not head.isdigit() or (sep and not tail.isdigit()) or not 1 <= int(tail or 1) <= 8:
+        raise ValueError(f"--config: {text!r} is not C or C:SWIZZLE (swizzle 1..8)")
+    return int(head), int(tail or 1)
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -113,20 +135,27 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return out
 
 
-class ClockSampler:
-    """Samples the SM clock every ``period_s`` on a thread while it is entered."""
+class CounterPoller:
+    """Polls the energy counter and the SM clock every ``period_s`` on a thread while entered;
+    keeps each change of the counter (when, mJ) and every clock reading."""
 
-    def __init__(self, nvml: Nvml, period_s: float = 0.02):
+    def __init__(self, nvml: Nvml, period_s: float = 0.002):
         self.nvml, self.period_s = nvml, period_s
-        self.samples: list[int] = []
+        self.changes: list[tuple[float, int]] = []
+        self.clocks: list[int] = []
         self._stop = threading.Event()
 
     def _run(self) -> None:
+        last = None
         while not self._stop.is_set():
-            self.samples.append(self.nvml.sm_clock_mhz())
+            mj = self.nvml.energy_mj()
+            if mj != last:
+                self.changes.append((time.perf_counter(), mj))
+                last = mj
+            self.clocks.append(self.nvml.sm_clock_mhz())
             self._stop.wait(self.period_s)
 
-    def __enter__(self) -> ClockSampler:
+    def __enter__(self) -> CounterPoller:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -136,29 +165,76 @@ class ClockSampler:
         self._thread.join()
 
 
-def run_block(nvml: Nvml, launch: Callable[[int], object], block_s: float) -> dict[str, float]:
-    """Back-to-back launches for about ``block_s`` seconds: us and mJ per GEMM, watts, clock."""
+def power_between_changes(changes: Sequence[tuple[float, int]]) -> float:
+    """Watts between the counter's first change after the poll began and its last change: whole
+    steps only (the first entry is the value the poll found, not a change). NaN with fewer than
+    two such changes."""
+    steps = list(changes[1:])
+    if len(steps) < 2 or steps[-1][0] <= steps[0][0]:
+        return float("nan")
+    return (steps[-1][1] - steps[0][1]) / 1e3 / (steps[-1][0] - steps[0][0])
+
+
+#: A block whose queue held fewer launches than this at its end was paced by the host.
+MIN_QUEUED = 50
+
+
+def run_block(nvml: Nvml, launch: Callable[[int], object], block_s: float,
+              limit_w: float = float("inf")) -> dict[str, float]:
+    """Back-to-back launches for about ``block_s`` seconds: us per GEMM, watts (between the
+    counter's changes), mJ per GEMM (watts times us), median SM clock, and the flags."""
     torch.cuda.synchronize()
     n = 0
-    with ClockSampler(nvml) as clocks:
-        e0, t0 = nvml.energy_mj(), time.perf_counter()
+    with CounterPoller(nvml) as poll:
+        t0 = time.perf_counter()
         while time.perf_counter() - t0 < block_s:
             for _ in range(8):
                 launch(n)
                 n += 1
+        t_enqueued = time.perf_counter()
         torch.cuda.synchronize()
-        t1, e1 = time.perf_counter(), nvml.energy_mj()
-    seconds, millijoules = t1 - t0, e1 - e0
-    return {"gemms": n, "us_per_gemm": seconds / n * 1e6, "mj_per_gemm": millijoules / n,
-            "watts": millijoules / 1e3 / seconds,
-            "sm_mhz": statistics.median(clocks.samples) if clocks.samples else float("nan")}
+        t1 = time.perf_counter()
+    us = (t1 - t0) / n * 1e6
+    watts = power_between_changes(poll.changes)
+    clocks = [c for c in poll.clocks if c > 0]
+    return {"gemms": n, "us_per_gemm": us, "watts": watts, "mj_per_gemm": watts * us / 1e3,
+            "sm_mhz": statistics.median(clocks) if clocks else float("nan"),
+            "counter_steps": max(len(poll.changes) - 1, 0),
+            "queued_at_end": (t1 - t_enqueued) / us * 1e6,
+            "host_bound": (t1 - t_enqueued) / us * 1e6 < MIN_QUEUED,
+            "over_limit": bool(watts > 1.02 * limit_w)}
+
+
+def _median(values) -> float:
+    """Median of the finite values, NaN when there is none."""
+    finite = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return statistics.median(finite) if finite else float("nan")
+
+
+def _no_nan(value):
+    """``value`` with every NaN / infinity replaced by None (JSON has neither)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def operand_sets(shape: tuple[int, int, int], least: int, l2_bytes: int) -> int:
+    """Copies of (x, w) that together cover at least twice the L2, and at least ``least``."""
+    tokens, n, k = shape
+    pair = (tokens * k + n * k) * 2
+    return max(least, math.ceil(2 * l2_bytes / pair))
 
 
 def measure_shape(nvml: Nvml, shape: tuple[int, int, int], sets: int, rounds: int,
-                  block_s: float) -> dict:
+                  block_s: float, limit_w: float = float("inf")) -> dict:
     import cutlass_nn
 
     tokens, n, k = shape
+    sets = operand_sets(shape, sets, torch.cuda.get_device_properties(0).L2_cache_size)
     gen = torch.Generator(device="cuda").manual_seed(0)
     xs = [torch.randn(tokens, k, device="cuda", generator=gen).bfloat16() for _ in range(sets)]
     ws = [torch.randn(n, k, device="cuda", generator=gen).bfloat16() for _ in range(sets)]
@@ -174,26 +250,43 @@ def measure_shape(nvml: Nvml, shape: tuple[int, int, int], sets: int, rounds: in
     kernel = (cutlass_nn.ops.last_kernel_name() if hasattr(cutlass_nn.ops, "last_kernel_name")
               else "")
     for fn in sides.values():  # warm-up: the clock's ramp, the allocator
-        run_block(nvml, fn, block_s / 2)
+        run_block(nvml, fn, min(block_s / 2, 1.0), limit_w)
     blocks: dict[str, list[dict]] = {name: [] for name in sides}
     for r in range(rounds):
         order = list(sides) if r % 2 == 0 else list(sides)[::-1]
         for name in order:
-            blocks[name].append(run_block(nvml, sides[name], block_s))
-    summary = {name: {key: statistics.median(b[key] for b in bl) for key in bl[0]}
+            blocks[name].append(run_block(nvml, sides[name], block_s, limit_w))
+    numeric = ("us_per_gemm", "watts", "mj_per_gemm", "sm_mhz", "counter_steps", "queued_at_end")
+    summary = {name: {key: _median(b[key] for b in bl) for key in numeric}
+               | {"host_bound": any(b["host_bound"] for b in bl),
+                  "over_limit": any(b["over_limit"] for b in bl)}
                for name, bl in blocks.items()}
     ours, base = summary["cutlass_nn"], summary["cublas"]
-    return {"shape": list(shape), "kernel": kernel, "blocks": blocks, "median": summary,
+    return {"shape": list(shape), "sets": sets, "kernel": kernel, "blocks": blocks,
+            "median": summary,
             "time_ours_over_cublas": ours["us_per_gemm"] / base["us_per_gemm"],
             "energy_ours_over_cublas": ours["mj_per_gemm"] / base["mj_per_gemm"]}
+
+
+def flags(row: dict) -> str:
+    """`` host-bound: ...`` / `` over the limit: ...`` for the sides whose blocks were."""
+    out = ""
+    for flag, text in (("host_bound", "host-bound"), ("over_limit", "over the power limit")):
+        sides = [name for name, m in row["median"].items() if m[flag]]
+        if sides:
+            out += f" {text}: {', '.join(sides)}"
+    return out
 
 
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="python benchmarks/gemm_energy.py")
     p.add_argument("--shapes", default=DEFAULT_SHAPES)
-    p.add_argument("--block-s", type=float, default=1.0, help="seconds per timed block")
+    p.add_argument("--block-s", type=float, default=3.0,
+                   help="seconds per timed block (the energy counter moves every ~0.1 s)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--sets", type=int, default=4, help="operand copies the launches rotate over")
+    p.add_argument("--sets", type=int, default=4,
+                   help="least number of operand copies the launches rotate over (more where "
+                        "they do not cover twice the L2)")
     p.add_argument("--config", default=None,
                    help="force this tile configuration on our side, C or C:SWIZZLE (default: the rule)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -203,8 +296,8 @@ def main(argv: Sequence[str]) -> int:
         forced = parse_config(args.config)
     except ValueError as exc:
         p.error(str(exc))
-    if args.rounds < 1 or args.sets < 1 or not 0.05 <= args.block_s <= 30:
-        p.error("--rounds and --sets must be >= 1, --block-s in [0.05, 30]")
+    if args.rounds < 1 or args.sets < 1 or not 0.5 <= args.block_s <= 60:
+        p.error("--rounds and --sets must be >= 1, --block-s in [0.5, 60]")
     if not torch.cuda.is_available():
         print("gemm_energy: needs a CUDA GPU")
         return 2
@@ -227,20 +320,21 @@ def main(argv: Sequence[str]) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for shape in shapes:
-        row = measure_shape(nvml, shape, args.sets, args.rounds, args.block_s)
+        row = measure_shape(nvml, shape, args.sets, args.rounds, args.block_s,
+                            meta["power_limit_w"])
         rows.append(row)
         b, o = row["median"]["cublas"], row["median"]["cutlass_nn"]
         print(f"| {'x'.join(map(str, shape))} | {b['us_per_gemm']:.1f} | {o['us_per_gemm']:.1f} | "
               f"{row['time_ours_over_cublas']:.3f} | {b['mj_per_gemm']:.3f} | "
               f"{o['mj_per_gemm']:.3f} | {row['energy_ours_over_cublas']:.3f} | "
               f"{b['watts']:.0f} / {o['watts']:.0f} | {b['sm_mhz']:.0f} / {o['sm_mhz']:.0f} | "
-              f"{row['kernel']} |", flush=True)
+              f"{row['kernel']} |{flags(row)}", flush=True)
         torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     slug = props.name.lower().replace(" ", "-")
     path = args.out / f"gemm_energy_{slug}_{stamp}.json"
-    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    path.write_text(json.dumps(_no_nan({"meta": meta, "rows": rows}), indent=1) + "\n")
     print(f"json {path}")
     return 0
 

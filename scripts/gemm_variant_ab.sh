@@ -13,9 +13,10 @@
 # SAMPLES, ITERS, GAP_US (host sleep before each sample, default 0: with ITERS=1 each sample
 # times one launch after an idle GPU, near the clock a training step gives it, instead of
 # back-to-back launches at the power limit), RASTERS (0 CUTLASS's heuristic, 1 along M, 2 along
-# N; default "0"), ENERGY_MS (default 0: with T > 0, one block of T ms of back-to-back launches
-# per variant and round around which NVML's energy counter is read; millijoules per launch and
-# the energy ratio to cuBLAS are printed), SWIZZLES
+# N; default "0"), ENERGY_MS (default 0: with T >= 2000, one block of T ms of back-to-back
+# launches per variant and round, NVML's energy counter and SM clock polled every 2 ms; watts,
+# millijoules per launch, the energy ratio to cuBLAS, sustained us and clock are printed),
+# SWIZZLES
 # (default "1"; the rule runs config 14 with a swizzle of 2 at many shapes: pass "1 2" to
 # compare with it), BUILD_DIR (default: a temporary folder, removed at the end), CUBLAS_HOME (a
 # folder with include/cublas_v2.h and lib/libcublas.so*; default: the CUDA toolkit's, else the

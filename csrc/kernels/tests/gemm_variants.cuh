@@ -118,10 +118,11 @@ struct WithStreamK : Base {
 
 // A configuration (used with WithoutC) whose epilogue writes D from the accumulator registers
 // straight to global memory (CUTLASS's NoSmemWarpSpecialized: no shared-memory staging, no TMA
-// store). On the H200 our kernels spend 1-3% more energy per GEMM than cuBLAS's at the same
-// tile and cluster, and at the power limit that is their time deficit (benchmarks/NOTES.md,
-// thirty-eighth session); the staged epilogue's shared-memory round trip of each output tile is
-// one place the extra energy may go, and the stages it frees go to the mainloop.
+// store). On the H200 at the power limit our kernels run at a 15-45 MHz lower SM clock than
+// cuBLAS's at the same tile and cluster, in as many cycles or fewer: they draw more power per
+// cycle, and that is their 1-1.5% time deficit there (benchmarks/NOTES.md, thirty-eighth
+// session); the staged epilogue's shared-memory round trip of each output tile is one place the
+// extra power may go, and the stages it frees go to the mainloop.
 template <class Base>
 struct WithNoSmemEpilogue : Base {
   using EpilogueSchedule = cutlass::epilogue::NoSmemWarpSpecialized;
@@ -378,7 +379,7 @@ using AllConfigs = std::tuple<
     WithoutC<WithNoSmemEpilogue<kernels::Sm90TileConfig<0>>>,            // 28
     WithoutC<WithNoSmemEpilogue<kernels::Sm90TileConfig<3>>>,            // 29
     // 30, 31: for the 512-token problems (29 of the 42 shape-set rows below 0.90 of cuBLAS on
-    // the H200, 6-15 us each), where cuBLAS runs small tiles with deep pipelines (64x64 with 13
+    // the H200, most of 8-16 us), where cuBLAS runs small tiles with deep pipelines (64x64 with 13
     // stages of 64-deep k-blocks, on the H100): a 64x64x64 ping-pong tile (16 KiB stages, as
     // many as fit), and config 13 (64x128x64 ping-pong) as the library has it.
     VariantConfig<64, 64, 64, 1, 1, true>,                               // 30
