@@ -17,7 +17,7 @@ which side the cap slows down.
 
 Usage::
 
-    python benchmarks/gemm_energy.py [--shapes 4096x4096x4096,...] [--block-s 1.0]
+    python benchmarks/gemm_energy.py [--shapes 4096x4096x4096,...] [--block-s 3.0]
         [--rounds 3] [--sets 4] [--config C[:SWIZZLE]] [--out DIR]
 
 A shape is ``TxNxK``: ``T`` tokens, an ``N x K`` weight (the forward of a linear layer, "tn").
@@ -143,19 +143,27 @@ class CounterPoller:
         self.nvml, self.period_s = nvml, period_s
         self.changes: list[tuple[float, int]] = []
         self.clocks: list[int] = []
+        self.error: BaseException | None = None
         self._stop = threading.Event()
 
     def _run(self) -> None:
         last = None
-        while not self._stop.is_set():
-            mj = self.nvml.energy_mj()
-            if mj != last:
-                self.changes.append((time.perf_counter(), mj))
-                last = mj
-            self.clocks.append(self.nvml.sm_clock_mhz())
-            self._stop.wait(self.period_s)
+        try:
+            while not self._stop.is_set():
+                mj = self.nvml.energy_mj()
+                if mj != last:
+                    self.changes.append((time.perf_counter(), mj))
+                    last = mj
+                self.clocks.append(self.nvml.sm_clock_mhz())
+                self._stop.wait(self.period_s)
+        except BaseException as exc:  # re-raised by __exit__: a failed read must not pass silently
+            self.error = exc
 
     def __enter__(self) -> CounterPoller:
+        # The poll timestamps each reading only when it holds the GIL: a short switch interval
+        # keeps its readings near 2 ms apart while the main thread enqueues launches.
+        self._switch = sys.getswitchinterval()
+        sys.setswitchinterval(1e-4)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -163,6 +171,9 @@ class CounterPoller:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        sys.setswitchinterval(self._switch)
+        if self.error is not None and exc[0] is None:
+            raise RuntimeError(f"gemm_energy: reading NVML failed: {self.error}") from self.error
 
 
 def power_between_changes(changes: Sequence[tuple[float, int]]) -> float:
@@ -222,11 +233,16 @@ def _no_nan(value):
     return value
 
 
+#: At most this many operand copies (tiny problems would otherwise ask for many thousands).
+MAX_SETS = 256
+
+
 def operand_sets(shape: tuple[int, int, int], least: int, l2_bytes: int) -> int:
-    """Copies of (x, w) that together cover at least twice the L2, and at least ``least``."""
+    """Copies of (x, w) that together cover at least twice the L2, and at least ``least``
+    (at most :data:`MAX_SETS`, or ``least`` if that is more)."""
     tokens, n, k = shape
     pair = (tokens * k + n * k) * 2
-    return max(least, math.ceil(2 * l2_bytes / pair))
+    return max(least, min(MAX_SETS, math.ceil(2 * l2_bytes / pair)))
 
 
 def measure_shape(nvml: Nvml, shape: tuple[int, int, int], sets: int, rounds: int,
@@ -259,7 +275,9 @@ def measure_shape(nvml: Nvml, shape: tuple[int, int, int], sets: int, rounds: in
     numeric = ("us_per_gemm", "watts", "mj_per_gemm", "sm_mhz", "counter_steps", "queued_at_end")
     summary = {name: {key: _median(b[key] for b in bl) for key in numeric}
                | {"host_bound": any(b["host_bound"] for b in bl),
-                  "over_limit": any(b["over_limit"] for b in bl)}
+                  "over_limit": any(b["over_limit"] for b in bl),
+                  "power_readings": sum(math.isfinite(b["watts"]) for b in bl),
+                  "blocks": len(bl)}
                for name, bl in blocks.items()}
     ours, base = summary["cutlass_nn"], summary["cublas"]
     return {"shape": list(shape), "sets": sets, "kernel": kernel, "blocks": blocks,
@@ -275,6 +293,10 @@ def flags(row: dict) -> str:
         sides = [name for name, m in row["median"].items() if m[flag]]
         if sides:
             out += f" {text}: {', '.join(sides)}"
+    short = [f"{name} {m['power_readings']}/{m['blocks']}" for name, m in row["median"].items()
+             if m["power_readings"] < m["blocks"]]
+    if short:
+        out += f" blocks with a power reading: {', '.join(short)}"
     return out
 
 
@@ -301,7 +323,10 @@ def main(argv: Sequence[str]) -> int:
     if not torch.cuda.is_available():
         print("gemm_energy: needs a CUDA GPU")
         return 2
+    import cutlass_nn  # noqa: F401  (registers torch.ops.cutlass_nn)
+
     nvml = Nvml()
+    nvml.energy_mj()  # fails here, before any block, where the counter cannot be read
     if forced is not None:
         names = [n for n in torch.ops.cutlass_nn._gemm_configs().splitlines() if n]
         if forced[0] >= len(names):

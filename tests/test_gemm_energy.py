@@ -80,10 +80,22 @@ def test_a_block_reads_the_stepped_counters_power_and_flags_host_pacing(energy, 
     assert over["over_limit"], over
 
 
+class _FailingCounter(_SteppedCounter):
+    def energy_mj(self) -> int:
+        raise RuntimeError("NVML nvmlDeviceGetTotalEnergyConsumption returned 999")
+
+
+def test_a_failed_counter_read_fails_the_block(energy, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    with pytest.raises(RuntimeError, match="reading NVML failed"):
+        energy.run_block(_FailingCounter(690.0), lambda i: None, 0.1)
+
+
 def test_operand_copies_cover_twice_the_l2(energy):
     pair = (4096 * 1024 + 1024 * 1024) * 2
     assert energy.operand_sets((4096, 1024, 1024), 4, 60 << 20) == -(-2 * (60 << 20) // pair)
     assert energy.operand_sets((16384, 32000, 4096), 4, 60 << 20) == 4
+    assert energy.operand_sets((16, 16, 16), 4, 60 << 20) == energy.MAX_SETS
     assert energy._no_nan({"a": [1.0, float("nan")], "b": float("inf")}) == {"a": [1.0, None],
                                                                              "b": None}
 

@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -254,7 +255,7 @@ void energy_block(Entry& e, const EnergyCounter& counter, int ms, int nsets, cud
   poller.join();
   // The first change seen is where the counter first moved after the block began; the second
   // sample onwards are whole steps inside the block.
-  if (e.failed || launches == 0 || changes.size() < 3 || mhz.empty()) return;
+  if (e.failed || launches == 0 || changes.size() < 3) return;
   const double joules = double(changes.back().second - changes[1].second) / 1000.0;
   const double seconds = std::chrono::duration<double>(changes.back().first - changes[1].first).count();
   if (seconds <= 0.0) return;
@@ -264,7 +265,7 @@ void energy_block(Entry& e, const EnergyCounter& counter, int ms, int nsets, cud
   e.block_w.push_back(static_cast<float>(watts));
   e.block_mj.push_back(static_cast<float>(watts * us / 1000.0));
   e.block_us.push_back(static_cast<float>(us));
-  e.block_mhz.push_back(static_cast<float>(mhz[mhz.size() / 2]));
+  e.block_mhz.push_back(mhz.empty() ? NAN : static_cast<float>(mhz[mhz.size() / 2]));
 }
 
 int usage(const char* argv0) {
@@ -297,8 +298,12 @@ int main(int argc, char** argv) {
       swizzles = parse_list(argv[++i]);
     } else if (i + 1 < argc && a == "--energy-ms") {
       char* end = nullptr;
-      energy_ms = static_cast<int>(std::strtol(argv[++i], &end, 10));
-      if (end == argv[i] || *end != '\0') return usage(argv[0]);
+      errno = 0;
+      const long value = std::strtol(argv[++i], &end, 10);
+      if (end == argv[i] || *end != '\0' || errno == ERANGE || value < 0 || value > 60000) {
+        return usage(argv[0]);
+      }
+      energy_ms = static_cast<int>(value);
     } else {
       Problem pr;
       if (!parse_problem(argv[i], &pr)) return usage(argv[0]);
