@@ -9,14 +9,11 @@
 # e.g. bash scripts/gemm_variant_ab.sh /tmp/cutlass_site/cutlass_library/source/include \
 #          4096x2816x1024:tn 4096x4096x1024:nn
 # Environment: CUDA_HOME (default /usr/local/cuda), VARIANTS (the variant numbers to build,
-# default all: "0 1 ... 31"), MAX_JOBS (parallel nvcc jobs, default nproc), ROUNDS,
+# default all: "0 1 ... 27"), MAX_JOBS (parallel nvcc jobs, default nproc), ROUNDS,
 # SAMPLES, ITERS, GAP_US (host sleep before each sample, default 0: with ITERS=1 each sample
 # times one launch after an idle GPU, near the clock a training step gives it, instead of
 # back-to-back launches at the power limit), RASTERS (0 CUTLASS's heuristic, 1 along M, 2 along
-# N; default "0"), ENERGY_MS (default 0: with T >= 2000, one block of T ms of back-to-back
-# launches per variant and round, NVML's energy counter and SM clock polled every 2 ms; watts,
-# millijoules per launch, the energy ratio to cuBLAS, sustained us and clock are printed),
-# SWIZZLES
+# N; default "0"), SWIZZLES
 # (default "1"; the rule runs config 14 with a swizzle of 2 at many shapes: pass "1 2" to
 # compare with it), BUILD_DIR (default: a temporary folder, removed at the end), CUBLAS_HOME (a
 # folder with include/cublas_v2.h and lib/libcublas.so*; default: the CUDA toolkit's, else the
@@ -70,7 +67,7 @@ if [[ -f "$cublas_lib/libcublas.so" ]]; then
 else
   cublas_link=(-L"$cublas_lib" "-l:$(basename "$(ls "$cublas_lib"/libcublas.so.* | head -1)")")
 fi
-cublas_link+=(-Xlinker "-rpath=$cublas_lib" -ldl)  # -ldl: the energy counter's dlopen
+cublas_link+=(-Xlinker "-rpath=$cublas_lib")
 if [[ -n "${BUILD_DIR:-}" ]]; then
   build=$BUILD_DIR
   mkdir -p "$build"
@@ -78,7 +75,7 @@ else
   build=$(mktemp -d)
   trap 'rm -rf "$build"' EXIT
 fi
-variants=${VARIANTS:-"$(seq -s " " 0 31)"}
+variants=${VARIANTS:-"$(seq -s " " 0 27)"}
 jobs=${MAX_JOBS:-$(nproc)}
 t0=$(date +%s)
 for v in $variants; do
@@ -117,4 +114,4 @@ echo "built ${#objects[@]} variants in $(( $(date +%s) - t0 )) s"
 echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); nvcc: $("$nvcc" --version | tail -1); date: $(date -u +%FT%TZ)"
 "$build/gemm_variant_timing" --rounds "${ROUNDS:-3}" --samples "${SAMPLES:-5}" \
   --iters "${ITERS:-20}" --gap-us "${GAP_US:-0}" --rasters "$(echo "${RASTERS:-0}" | tr ' ' ',')" \
-  --swizzles "$(echo "${SWIZZLES:-1}" | tr ' ' ',')" --energy-ms "${ENERGY_MS:-0}" "$@"
+  --swizzles "$(echo "${SWIZZLES:-1}" | tr ' ' ',')" "$@"

@@ -3,7 +3,7 @@
 // worth a configuration of the library (scripts/gemm_variant_ab.sh builds and runs it).
 //
 //   gemm_variant_timing [--rounds R] [--samples S] [--iters I] [--gap-us G] [--rasters 0,1,2]
-//                       [--swizzles 1,2] [--energy-ms T] MxNxK:tn|nn|nt ...
+//                       [--swizzles 1,2] MxNxK:tn|nn|nt ...
 //
 // bfloat16, D = A @ B, A row-major, B column-major (tn, a linear layer's forward) or row-major
 // (nn, its dgrad), or A column-major and B row-major (nt, its weight gradient). Each problem runs on rotating operand sets covering twice the L2, so that no
@@ -22,26 +22,12 @@
 // --iters 1 each sample then times one launch, which follows the gap and one untimed launch
 // (that one keeps the host's enqueue out of the timed interval), and the large GEMMs' times
 // come within 2% of those measured inside training steps.
-//
-// Energy: --energy-ms T (T >= 2000) adds, after each variant's samples in each round, one block
-// of T ms of back-to-back launches during which a thread polls the GPU's energy counter and SM
-// clock every 2 ms (NVML's nvmlDeviceGetTotalEnergyConsumption and nvmlDeviceGetClockInfo,
-// loaded with dlopen from the driver's libnvidia-ml.so.1, so nothing is linked). The counter
-// moves in steps of about 0.1 s (benchmarks/NOTES.md, thirty-eighth session), so the power is
-// taken between its first and last change inside the block, not from the block's ends. Each line
-// then also gives the median watts, millijoules per launch (power times the block's time per
-// launch), the energy ratio ours / cuBLAS, the sustained microseconds per launch and the median
-// SM clock. At the power limit (the large GEMMs, as in a GPU-bound training step) both sides run
-// at the same power, and what separates them is the clock the cap leaves each.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -173,105 +159,12 @@ struct Entry {
   double check;       // relative difference to cuBLAS on set 0
   std::vector<float> us;
   bool failed = false;  // a launch returned an error: no time is reported
-  // --energy-ms: per block, watts, mJ and us per launch, median SM clock (MHz)
-  std::vector<float> block_w, block_mj, block_us, block_mhz;
 };
-
-// The GPU's energy counter through NVML, loaded at run time (no link dependency).
-class EnergyCounter {
- public:
-  explicit EnergyCounter(int device) {
-    lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-    if (lib_ == nullptr) return;
-    using Init = int (*)();
-    using ByBus = int (*)(const char*, void**);
-    auto init = reinterpret_cast<Init>(dlsym(lib_, "nvmlInit_v2"));
-    auto by_bus = reinterpret_cast<ByBus>(dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
-    energy_ = reinterpret_cast<Energy>(dlsym(lib_, "nvmlDeviceGetTotalEnergyConsumption"));
-    clock_ = reinterpret_cast<Clock>(dlsym(lib_, "nvmlDeviceGetClockInfo"));
-    char bus[32] = {0};
-    if (init == nullptr || by_bus == nullptr || energy_ == nullptr || clock_ == nullptr ||
-        init() != 0 ||
-        cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess ||
-        by_bus(bus, &handle_) != 0) {
-      handle_ = nullptr;
-    }
-  }
-  ~EnergyCounter() {
-    if (lib_ != nullptr) dlclose(lib_);
-  }
-  bool ok() const { return handle_ != nullptr; }
-  // Millijoules used since the driver loaded, or -1 on failure.
-  long long millijoules() const {
-    unsigned long long mj = 0;
-    return ok() && energy_(handle_, &mj) == 0 ? static_cast<long long>(mj) : -1;
-  }
-  // The SM clock in MHz, or -1 on failure.
-  int sm_mhz() const {
-    unsigned mhz = 0;
-    return ok() && clock_(handle_, 1 /* NVML_CLOCK_SM */, &mhz) == 0 ? static_cast<int>(mhz) : -1;
-  }
-
- private:
-  using Energy = int (*)(void*, unsigned long long*);
-  using Clock = int (*)(void*, int, unsigned*);
-  void* lib_ = nullptr;
-  void* handle_ = nullptr;
-  Energy energy_ = nullptr;
-  Clock clock_ = nullptr;
-};
-
-// One block of back-to-back launches for about `ms` milliseconds, a thread polling the energy
-// counter and the SM clock every 2 ms meanwhile: watts between the counter's first and last
-// change in the block, mJ and us per launch, and the median clock appended to the entry (nothing
-// when a launch fails or the counter changed fewer than twice).
-void energy_block(Entry& e, const EnergyCounter& counter, int ms, int nsets, cudaStream_t stream) {
-  using Clock = std::chrono::steady_clock;
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  std::atomic<bool> stop{false};
-  std::vector<std::pair<Clock::time_point, long long>> changes;  // (when, mJ) at each change
-  std::vector<int> mhz;
-  std::thread poller([&] {
-    long long last = -2;
-    while (!stop.load()) {
-      const long long mj = counter.millijoules();
-      if (mj >= 0 && mj != last) {
-        changes.emplace_back(Clock::now(), mj);
-        last = mj;
-      }
-      const int clock = counter.sm_mhz();
-      if (clock > 0) mhz.push_back(clock);
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  });
-  const auto t0 = Clock::now();
-  long long launches = 0;
-  while (Clock::now() - t0 < std::chrono::milliseconds(ms) && !e.failed) {
-    for (int i = 0; i < 8; ++i) e.failed = !e.prepared->launch(launches++ % nsets, stream) || e.failed;
-  }
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  const auto t1 = Clock::now();
-  stop.store(true);
-  poller.join();
-  // The first change seen is where the counter first moved after the block began; the second
-  // sample onwards are whole steps inside the block.
-  if (e.failed || launches == 0 || changes.size() < 3) return;
-  const double joules = double(changes.back().second - changes[1].second) / 1000.0;
-  const double seconds = std::chrono::duration<double>(changes.back().first - changes[1].first).count();
-  if (seconds <= 0.0) return;
-  const double watts = joules / seconds;
-  const double us = std::chrono::duration<double, std::micro>(t1 - t0).count() / launches;
-  std::sort(mhz.begin(), mhz.end());
-  e.block_w.push_back(static_cast<float>(watts));
-  e.block_mj.push_back(static_cast<float>(watts * us / 1000.0));
-  e.block_us.push_back(static_cast<float>(us));
-  e.block_mhz.push_back(mhz.empty() ? NAN : static_cast<float>(mhz[mhz.size() / 2]));
-}
 
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--rounds R] [--samples S] [--iters I] [--gap-us G] [--rasters 0,1,2] "
-               "[--swizzles 1,2] [--energy-ms T>=2000] MxNxK:tn|nn|nt ...\n",
+               "[--swizzles 1,2] MxNxK:tn|nn|nt ...\n",
                argv0);
   return 2;
 }
@@ -279,7 +172,7 @@ int usage(const char* argv0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int rounds = 3, samples = 5, iters = 20, gap_us = 0, energy_ms = 0;
+  int rounds = 3, samples = 5, iters = 20, gap_us = 0;
   std::vector<int> rasters = {0}, swizzles = {1};
   std::vector<Problem> problems;
   for (int i = 1; i < argc; ++i) {
@@ -296,22 +189,13 @@ int main(int argc, char** argv) {
       rasters = parse_list(argv[++i]);
     } else if (i + 1 < argc && a == "--swizzles") {
       swizzles = parse_list(argv[++i]);
-    } else if (i + 1 < argc && a == "--energy-ms") {
-      char* end = nullptr;
-      errno = 0;
-      const long value = std::strtol(argv[++i], &end, 10);
-      if (end == argv[i] || *end != '\0' || errno == ERANGE || value < 0 || value > 60000) {
-        return usage(argv[0]);
-      }
-      energy_ms = static_cast<int>(value);
     } else {
       Problem pr;
       if (!parse_problem(argv[i], &pr)) return usage(argv[0]);
       problems.push_back(pr);
     }
   }
-  if (problems.empty() || rounds < 1 || samples < 1 || iters < 1 || gap_us < 0 ||
-      energy_ms < 0 || energy_ms > 60000 || (energy_ms > 0 && energy_ms < 2000)) {
+  if (problems.empty() || rounds < 1 || samples < 1 || iters < 1 || gap_us < 0) {
     return usage(argv[0]);
   }
 
@@ -328,11 +212,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cublasCreate failed\n");
     return 1;
   }
-  const EnergyCounter counter(device);
-  if (energy_ms > 0 && !counter.ok()) {
-    std::fprintf(stderr, "--energy-ms: NVML's energy counter is not available here\n");
-    return 1;
-  }
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
@@ -341,10 +220,6 @@ int main(int argc, char** argv) {
       "device %s (%d SMs, L2 %d MiB); %zu variants; rounds %d x samples %d x %d launches; "
       "%d us idle before each sample\n",
       prop.name, sms, l2 >> 20, registry.size(), rounds, samples, iters, gap_us);
-  if (energy_ms > 0) {
-    std::printf("energy: a block of %d ms per variant and round (power between the counter's "
-                "changes, polled every 2 ms)\n", energy_ms);
-  }
 
   for (const Problem& pr : problems) {
     Buffers buf;
@@ -409,7 +284,6 @@ int main(int argc, char** argv) {
           CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
           e.us.push_back(1000.0f * ms / iters);
         }
-        if (energy_ms > 0 && !e.failed) energy_block(e, counter, energy_ms, nsets, stream);
       }
     }
     CHECK_CUDA(cudaGetLastError());
@@ -432,11 +306,6 @@ int main(int argc, char** argv) {
       return 1;
     }
     const float base = median(entries[0].us);
-    const bool energy = energy_ms > 0 && !entries[0].block_mj.empty();
-    const float base_mj = energy ? median(entries[0].block_mj) : 0.0f;
-    if (energy_ms > 0 && !energy) {
-      std::printf("energy: no cuBLAS block gave a reading (the counter changed fewer than twice)\n");
-    }
     for (const Entry& e : entries) {
       if (e.failed || e.us.empty()) {
         std::printf("%lldx%lldx%lld:%s  %-40s launch failed\n", (long long)pr.m, (long long)pr.n,
@@ -444,18 +313,9 @@ int main(int argc, char** argv) {
         continue;
       }
       const float us = median(e.us);
-      char extra[160] = "";
-      if (energy && !e.block_mj.empty()) {
-        const float mj = median(e.block_mj);
-        std::snprintf(extra, sizeof(extra),
-                      "  %5.0f W  %8.3f mJ  energy %6.3f  sustained %9.2f us  %4.0f MHz",
-                      median(e.block_w), mj, mj / base_mj, median(e.block_us),
-                      median(e.block_mhz));
-      }
-      std::printf("%lldx%lldx%lld:%s  %-40s %9.2f us  %6.3f  %s (%.1e)%s\n", (long long)pr.m,
+      std::printf("%lldx%lldx%lld:%s  %-40s %9.2f us  %6.3f  %s (%.1e)\n", (long long)pr.m,
                   (long long)pr.n, (long long)pr.k, layout_name(pr),
-                  e.label.c_str(), us, base / us, e.check <= 1e-2 ? "ok" : "MISMATCH", e.check,
-                  extra);
+                  e.label.c_str(), us, base / us, e.check <= 1e-2 ? "ok" : "MISMATCH", e.check);
     }
     std::fflush(stdout);
   }

@@ -116,18 +116,6 @@ struct WithStreamK : Base {
   using TileScheduler = kernels::StreamKScheduler;
 };
 
-// A configuration (used with WithoutC) whose epilogue writes D from the accumulator registers
-// straight to global memory (CUTLASS's NoSmemWarpSpecialized: no shared-memory staging, no TMA
-// store). On the H200 at the power limit our kernels run at a 15-45 MHz lower SM clock than
-// cuBLAS's at the same tile and cluster, in as many cycles or fewer: they draw more power per
-// cycle, and that is their 1-1.5% time deficit there (benchmarks/NOTES.md, thirty-eighth
-// session); the staged epilogue's shared-memory round trip of each output tile is one place the
-// extra power may go, and the stages it frees go to the mainloop.
-template <class Base>
-struct WithNoSmemEpilogue : Base {
-  using EpilogueSchedule = cutlass::epilogue::NoSmemWarpSpecialized;
-};
-
 // Sm90Gemm's mainloop with the epilogue of WithoutC: D = alpha * acc, bf16.
 template <class LayoutA, class LayoutB, class Cfg>
 struct Sm90GemmWithoutC {
@@ -374,16 +362,7 @@ using AllConfigs = std::tuple<
     WithStreamK<kernels::Sm90TileConfig<0>>,                             // 24
     WithStreamK<VariantConfig<128, 256, 64, 1, 1, false>>,               // 25
     WithStreamK<kernels::Sm90TileConfig<14>>,                            // 26
-    WithoutC<WithStreamK<kernels::Sm90TileConfig<0>>>,                   // 27
-    // 28, 29: configs 0 and 3 without C, their epilogue without shared memory (WithNoSmemEpilogue).
-    WithoutC<WithNoSmemEpilogue<kernels::Sm90TileConfig<0>>>,            // 28
-    WithoutC<WithNoSmemEpilogue<kernels::Sm90TileConfig<3>>>,            // 29
-    // 30, 31: for the 512-token problems (29 of the 42 shape-set rows below 0.90 of cuBLAS on
-    // the H200, most of 8-16 us), where cuBLAS runs small tiles with deep pipelines (64x64 with 13
-    // stages of 64-deep k-blocks, on the H100): a 64x64x64 ping-pong tile (16 KiB stages, as
-    // many as fit), and config 13 (64x128x64 ping-pong) as the library has it.
-    VariantConfig<64, 64, 64, 1, 1, true>,                               // 30
-    kernels::Sm90TileConfig<13>>;                                        // 31
+    WithoutC<WithStreamK<kernels::Sm90TileConfig<0>>>>;                  // 27
 constexpr const char* kLabels[] = {
     "c0 128x256 2x1 coop",        "c3 128x128 1x2 pingpong",      "c14 256x128 1x2 coop",
     "256x128 2x1 coop",           "256x128 1x1 coop",             "256x128 1x2 coop epi128x64",
@@ -397,9 +376,7 @@ constexpr const char* kLabels[] = {
     "128x176 2x1 pingpong epi64x176 without C", "128x176 2x1 pingpong epi64x176",
     "128x176 1x1 pingpong epi64x176 without C",
     "c0 stream-K",                 "128x256 1x1 coop stream-K",    "c14 stream-K",
-    "c0 stream-K without C",
-    "c0 without C, no-smem epilogue", "c3 without C, no-smem epilogue",
-    "64x64x64 1x1 pingpong",       "c13 64x128 1x1 pingpong"};
+    "c0 stream-K without C"};
 static_assert(std::size(kLabels) == std::tuple_size_v<AllConfigs>, "one label per variant");
 static_assert(CUTLASS_NN_VARIANT >= 0 && CUTLASS_NN_VARIANT < std::tuple_size_v<AllConfigs>,
               "gemm_variants.cuh: CUTLASS_NN_VARIANT names no variant");
