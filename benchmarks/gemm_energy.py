@@ -52,6 +52,9 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+import cutlass_nn
+from cutlass_nn.bench import cli as bench_cli
+
 DEFAULT_SHAPES = "4096x4096x4096,4096x11008x4096,4096x4096x11008,4096x32000x4096,4096x2816x1024"
 NVML_CLOCK_SM = 1
 
@@ -122,17 +125,6 @@ def parse_config(text: str | None) -> tuple[int, int] | None:
     if not head.isdigit() or (sep and not tail.isdigit()) or not 1 <= int(tail or 1) <= 8:
         raise ValueError(f"--config: {text!r} is not C or C:SWIZZLE (swizzle 1..8)")
     return int(head), int(tail or 1)
-
-
-def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    """``4096x4096x4096,...`` -> [(T, N, K), ...]; a ValueError names a malformed entry."""
-    out = []
-    for item in text.split(","):
-        parts = item.strip().split("x")
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"--shapes: {item!r} is not TxNxK with positive integers")
-        out.append((int(parts[0]), int(parts[1]), int(parts[2])))
-    return out
 
 
 class CounterPoller:
@@ -247,8 +239,6 @@ def operand_sets(shape: tuple[int, int, int], least: int, l2_bytes: int) -> int:
 
 def measure_shape(nvml: Nvml, shape: tuple[int, int, int], sets: int, rounds: int,
                   block_s: float, limit_w: float = float("inf")) -> dict:
-    import cutlass_nn
-
     tokens, n, k = shape
     sets = operand_sets(shape, sets, torch.cuda.get_device_properties(0).L2_cache_size)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -263,8 +253,7 @@ def measure_shape(nvml: Nvml, shape: tuple[int, int, int], sets: int, rounds: in
         err = ((fn(0).double() - ref).norm() / ref.norm()).item()
         if not err < 2e-2:
             raise RuntimeError(f"gemm_energy: {name} at {shape} is off by {err:.2e} (relative)")
-    kernel = (cutlass_nn.ops.last_kernel_name() if hasattr(cutlass_nn.ops, "last_kernel_name")
-              else "")
+    kernel = cutlass_nn.ops.last_kernel_name()  # our side ran last
     for fn in sides.values():  # warm-up: the clock's ramp, the allocator
         run_block(nvml, fn, min(block_s / 2, 1.0), limit_w)
     blocks: dict[str, list[dict]] = {name: [] for name in sides}
@@ -302,7 +291,9 @@ def flags(row: dict) -> str:
 
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="python benchmarks/gemm_energy.py")
-    p.add_argument("--shapes", default=DEFAULT_SHAPES)
+    p.add_argument("--shapes", type=bench_cli.parse_shapes, default=DEFAULT_SHAPES,
+                   help="comma-separated TxNxK (tokens x out x in), or a named set as in "
+                        "python -m cutlass_nn.bench --shapes")
     p.add_argument("--block-s", type=float, default=3.0,
                    help="seconds per timed block (the energy counter moves every ~0.1 s)")
     p.add_argument("--rounds", type=int, default=3)
@@ -314,17 +305,14 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(list(argv))
     try:
-        shapes = parse_shapes(args.shapes)
         forced = parse_config(args.config)
     except ValueError as exc:
         p.error(str(exc))
     if args.rounds < 1 or args.sets < 1 or not 0.5 <= args.block_s <= 60:
         p.error("--rounds and --sets must be >= 1, --block-s in [0.5, 60]")
-    if not torch.cuda.is_available():
-        print("gemm_energy: needs a CUDA GPU")
+    meta = bench_cli.gpu_run_meta(argv)
+    if meta is None:
         return 2
-    import cutlass_nn  # noqa: F401  (registers torch.ops.cutlass_nn)
-
     nvml = Nvml()
     nvml.energy_mj()  # fails here, before any block, where the counter cannot be read
     if forced is not None:
@@ -332,19 +320,16 @@ def main(argv: Sequence[str]) -> int:
         if forced[0] >= len(names):
             p.error(f"--config: {forced[0]} is not below the build's {len(names)} configurations")
         torch.ops.cutlass_nn._set_gemm_config(forced[0], forced[1], 0)
-    props = torch.cuda.get_device_properties(0)
-    meta = {"device": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "python": sys.version.split()[0], "power_limit_w": nvml.power_limit_w(),
-            "forced_config": list(forced) if forced is not None else None,
-            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": " ".join(["python benchmarks/gemm_energy.py", *argv])}
-    print(f"gemm_energy: {props.name}, power limit {meta['power_limit_w']:.0f} W, "
-          f"torch {torch.__version__}")
+    meta |= {"command": " ".join(["python benchmarks/gemm_energy.py", *argv]),
+             "power_limit_w": nvml.power_limit_w(),
+             "forced_config": list(forced) if forced is not None else None}
+    print(f"gemm_energy: {meta['device']}, power limit {meta['power_limit_w']:.0f} W, "
+          f"torch {meta['torch']}")
     print("| T x N x K | cuBLAS us | ours us | time ours/cuBLAS | cuBLAS mJ | ours mJ | "
           "energy ours/cuBLAS | W cuBLAS / ours | SM MHz cuBLAS / ours | our kernel |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
-    for shape in shapes:
+    for shape in args.shapes:
         row = measure_shape(nvml, shape, args.sets, args.rounds, args.block_s,
                             meta["power_limit_w"])
         rows.append(row)
@@ -356,9 +341,7 @@ def main(argv: Sequence[str]) -> int:
               f"{row['kernel']} |{flags(row)}", flush=True)
         torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    slug = props.name.lower().replace(" ", "-")
-    path = args.out / f"gemm_energy_{slug}_{stamp}.json"
+    path = args.out / f"gemm_energy_{bench_cli._slug(meta)}_{bench_cli._stamp()}.json"
     path.write_text(json.dumps(_no_nan({"meta": meta, "rows": rows}), indent=1) + "\n")
     print(f"json {path}")
     return 0
