@@ -583,6 +583,10 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //   * v0.38: the same clause for the dgrad layout (A and B row-major): config 15 level with or
 //     ahead of configs 3 / 14 there, isolated (4096 x 1024 x 1024 16.2 vs 16.3-16.4 us) and in
 //     compiled llama-host steps (15.0 vs 15.2; 4096 x 1024 x 2816 33.4 vs 33.7 on config 14).
+//   * v0.39: the wave-fill clauses on top of all the above (with_wave_fill, below): config 15
+//     with a swizzle of 2 from half a wave to a wave of 128x128 tiles, at two waves, and for the
+//     weight gradient over at most 512 tokens; config 1 for the wide data-parallel forward and
+//     dgrad; config 3 where its waves cost less than the 128x192 tile's.
 namespace {
 
 // The transposed configuration (4-7) for a problem under 3/4 of a wave of 128x256 tiles that no
@@ -607,7 +611,10 @@ Sm90Choice standing_in_for_transposed(Sm90Choice c) {
 
 }  // namespace
 
-Sm90Choice choose_sm90_config(const GemmParams& p) {
+namespace {
+
+// The rule before v0.39's wave-fill clauses (choose_sm90_config applies them on top).
+Sm90Choice choose_sm90_config_before_wave_fill(const GemmParams& p) {
   const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   if (p.m <= 128 && p.n >= 1024) {
     const int64_t weight_tiles = ceil_div(p.n, 64);
@@ -643,6 +650,85 @@ Sm90Choice choose_sm90_config(const GemmParams& p) {
   Sm90Choice c;
   c.config = transposed;
   return c;
+}
+
+// v0.39: config 15 (128x128 ping-pong, no cluster) with a swizzle of 2 where a sweep of every
+// configuration over issue 13's shape set (H200, results/sweep_nvidia-h200_20261202-122047.json,
+// NOTES "thirty-ninth session") had it ahead of the rule's choice; 16-bit operands with the input
+// dtype out, no fused epilogue (its kernels are config 3's), not the small-M transposed problem.
+// t = tiles of 128x128 of the output:
+//   * one_wave: 66 < t <= 132 with K > 256, in place of stream-K, the transposed 64x128 tile or
+//     the 128x256 / 256x128 tiles (dgrad 512 x 3584 x 8192 1.000 vs 0.924 of cuBLAS, wgrad 512 x
+//     3584 x 512 0.921 vs 0.731), except a forward the rule transposes over K <= 1024 (512 x 4096
+//     x 1024: 0.946 against the transposed tile's 0.976);
+//   * two_waves: 232 <= t <= 264 with 256 < K <= 4096 where the rule picks configs 0, 14 or 2
+//     (fwd 512 x 8192 x 3584 0.967 vs 0.905, wgrad 4096 x 1024 x 4096 0.983 vs 0.948), except
+//     the dgrad layout over K <= 1024, which lost 1-5% in the bench of the built rule (512 x 8192
+//     x 128, 512 x 8192 x 1024, 4096 x 1024 x 256: results/bench_nvidia-h200_20261202-124149.json);
+//     a shorter K was measured in the dgrad layout only;
+//   * short_wgrad: the weight gradient over K <= 1024 tokens where the rule picks the 256x128 or
+//     128x256 tile (configs 14, 0): 4096 x 4096 x 512 1.125 vs 0.960, 1024 x 8192 x 512 1.076 vs
+//     0.918.
+// Not the large problems where config 15 also won isolated (16384 x 16384 x 4096): there config 0
+// ran level or ahead under sustained load and inside training steps (the power limit).
+//
+// `before` is the choice the clauses may replace: the rule's before them, or (plan_normalized)
+// the row-major rule's where the problem the rule would transpose cannot run transposed (the
+// weight gradient's layout always: 1024 x 2816 x 512 0.927 vs 0.868 on config 14).
+Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before) {
+  const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
+  if (!is_16bit(p.dtype_ab) || p.dtype_cd != p.dtype_ab || has_fused_epilogue(p)) return before;
+  if (p.m <= 128 && p.n >= 1024) return before;
+  const bool forward_layout = p.layout_a == Layout::kRowMajor && p.layout_b == Layout::kColumnMajor;
+  const bool dgrad_layout = p.layout_a == Layout::kRowMajor && p.layout_b == Layout::kRowMajor;
+  const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
+  const int64_t rows = ceil_div(p.m, 128), cols = ceil_div(p.n, 128);
+  const int64_t tiles128 = rows * cols;
+  const bool one_wave = p.k > 256 && tiles128 * 2 > sms && tiles128 <= sms &&
+                        !(forward_layout && p.k <= 1024 && is_swapped_config(before.config));
+  const bool two_waves = tiles128 >= 2 * sms - 32 && tiles128 <= 2 * sms && p.k > 256 &&
+                         p.k <= 4096 &&
+                         (before.config == 0 || before.config == kTile256x128Config ||
+                          before.config == 2) &&
+                         !(dgrad_layout && p.k <= 1024);
+  const bool short_wgrad = wgrad_layout && p.k <= 512 &&
+                           (before.config == 0 || before.config == kTile256x128Config);
+  Sm90Choice c;
+  if (one_wave || two_waves || short_wgrad) {
+    c.config = kPingpongNoClusterConfig;
+    c.swizzle = swizzle_adds_wave(rows, cols, 1, 1, 2, sms) ? 0 : 2;
+    return c;
+  }
+  // wide_data_parallel: the rule's data-parallel 128x128 tiles (config 2, one slice) of a wide
+  // output over few rows in the forward or dgrad layout: config 1's 128x192 tiles without a
+  // cluster (512 x 18944 x 3584 fwd 0.997 vs 0.869, dgrad 1.023 vs 0.878; 512 x 12288 x 4096 fwd
+  // 0.995 vs 0.941; 512 x 11008 x 4096 dgrad 1.003 vs 0.942).
+  if (!wgrad_layout && before.config == 2 && before.splits == 1) {
+    c.config = kTile192NoClusterConfig;
+    return c;
+  }
+  // pingpong_waves: where the rule picks the 128x192 tile for its waves (tile192_fills_waves_better)
+  // and config 3's 128x128 tiles (1x2 cluster) cost fewer columns of waves still (4096 x 3584:
+  // 7 waves of 128 columns against 5 of 192): config 3 (4096 x 3584 x 3584 fwd 1.082 vs 0.988,
+  // dgrad 1.078 vs 0.966; 4096 x 3584 x 8192 fwd 1.114 vs 1.006, dgrad 1.102 vs 0.996; 4096 x
+  // 3584 x 18944 fwd 1.090 vs 1.001, dgrad 1.091 vs 0.999). Not the weight gradient's layout (no
+  // such group in the sweep).
+  if (!wgrad_layout && before.config == kTile192Config) {
+    const int64_t cost128 = ceil_div(scheduled_tiles(rows, cols, 1, 2, 1), sms) * 128;
+    const int64_t cost192 =
+        ceil_div(scheduled_tiles(rows, ceil_div(p.n, 192), 2, 1, 1), sms) * 192;
+    if (cost128 < cost192) {
+      c.config = 3;
+      return c;
+    }
+  }
+  return before;
+}
+
+}  // namespace
+
+Sm90Choice choose_sm90_config(const GemmParams& p) {
+  return with_wave_fill(p, choose_sm90_config_before_wave_fill(p));
 }
 
 namespace {
@@ -818,8 +904,9 @@ GemmPlan plan_normalized(GemmParams p) {
       const GemmParams t = transposed(p);
       if (const KernelEntry* e = select_kernel(t)) return finish_plan(t, e);
     }
-    // Not transposable (or no kernel takes the transposed operands): the row-major rule.
-    const Sm90Choice r = choose_row_major_config(p);
+    // Not transposable (or no kernel takes the transposed operands): the row-major rule, with
+    // the wave-fill clauses that replace its choices.
+    const Sm90Choice r = with_wave_fill(p, choose_row_major_config(p));
     p.sm90_config = r.config;
     if (!splits_forced) p.splits = r.splits;
     if (!swizzle_forced) p.swizzle = r.swizzle;
