@@ -487,13 +487,13 @@ TRANSFORMER_RULE_CASES = [
     ("linear", (4096, 256, 1024), 13),  # a grouped-query key/value projection: 128 tiles of 64x128
     ("linear", (2048, 256, 1024), 6),  # 64 tiles of 64x128: transposed
     ("linear", (4096, 128, 8192), 6),
-    ("linear", (512, 4096, 11008), 15),  # row-major over a long K; 128 tiles: v0.39 one_wave
+    ("linear", (512, 4096, 11008), 15),  # row-major over a long K; 128 tiles: v0.40 one_wave
     ("linear_dgrad", (512, 3072, 768), 6),  # dgrad GEMM 512 x 768 x 3072, transposed ("tt")
     ("linear_wgrad", (4096, 768, 768), 13),  # 72 tiles of 64x128, each over the whole K (v0.29)
     ("linear_wgrad", (4096, 256, 1024), 11),  # 64 tiles of 64x64, each over the whole K
     ("linear_wgrad", (512, 256, 1024), 12),  # 128 tiles of 64x32 over 512 tokens
     ("linear_wgrad", (4096, 1024, 1024), 13),  # 1024 rows over 4096 tokens: 128 tiles of 64x128
-    ("linear", (4096, 1024, 4096), 15),  # 256 tiles of 128x128 over K = 4096: v0.39 two_waves
+    ("linear", (4096, 1024, 4096), 15),  # 256 tiles of 128x128 over K = 4096: v0.40 two_waves
     # v0.36: config 3 in config 14's place for the forward and dgrad layouts with 256 < K <= 1024
     ("linear_dgrad", (4096, 1024, 2816), 3),  # dgrad GEMM 4096 x 2816 x 1024
     # v0.37: config 15 (config 3 without a cluster) for the forward layout of outputs at most
@@ -518,16 +518,16 @@ TRANSFORMER_RULE_CASES = [
     ("linear_wgrad", (4096, 3584, 768), 1),  # 112 tiles: 84.8% of a wave, from 80% (v0.31)
     ("linear_wgrad", (4096, 3328, 768), 2),  # 104 tiles: under 80%, stream-K
     ("linear", (4096, 768, 3072), 10),  # 128 tiles of 128x192 in place of the transposed problem
-    ("linear_dgrad", (4096, 3584, 3584), 3),  # 7 waves of 128x128 (1x2 cluster), v0.39
+    ("linear_dgrad", (4096, 3584, 3584), 3),  # 7 waves of 128x128 (1x2 cluster), v0.40
     ("linear", (4096, 4096, 4096), 0),
     ("linear_wgrad", (4096, 3072, 768), 2),  # 144 tiles: stream-K
-    ("linear", (512, 12288, 4096), 1),  # data-parallel 128x128 before v0.39: 128x192, no cluster
+    ("linear", (512, 12288, 4096), 1),  # data-parallel 128x128 before v0.40: 128x192, no cluster
     ("linear", (4096, 2304, 768), 3),  # 288 tiles of 256x128, 73% of three waves: ping-pong (v0.32)
     ("linear", (4096, 8192, 1024), 3),  # short-ish K, 1024 tiles: ping-pong
     ("linear_dgrad", (4096, 4096, 11008), 0),  # dgrad GEMM 4096 x 11008 x 4096: 2752 tiles (v0.26)
     ("linear", (4096, 4096, 11008), 0),  # K = 11008: 128x256 cooperative
-    ("linear_wgrad", (1024, 1280, 3328), 15),  # 260 tiles of 128x128: v0.39 two_waves
-    # v0.39: config 15 for the weight gradient over 512 tokens, and where the rule would
+    ("linear_wgrad", (1024, 1280, 3328), 15),  # 260 tiles of 128x128: v0.40 two_waves
+    # v0.40: config 15 for the weight gradient over 512 tokens, and where the rule would
     # transpose a weight gradient (which cannot run transposed); config 1 for the wide forward
     ("linear_wgrad", (512, 4096, 4096), 15),
     ("linear_wgrad", (512, 2816, 1024), 15),

@@ -76,7 +76,7 @@ RULE_CASES = {
     ("wgrad", 640, 768, 4096): (13, 2, 0, False),  # 60 tiles
     ("wgrad", 576, 768, 4096): (2, 0, 4, False),  # 54 tiles of 64x128 (60 of 128x64)
     ("wgrad", 512, 2048, 4096): (13, 2, 0, False),  # 128 tiles
-    ("wgrad", 512, 2176, 4096): (15, 2, 0, False),  # 136 tiles: more than a wave; v0.39 one_wave
+    ("wgrad", 512, 2176, 4096): (15, 2, 0, False),  # 136 tiles: more than a wave; v0.40 one_wave
     ("wgrad", 576, 1664, 4096): (13, 1, 0, False),  # 9 x 13; a swizzle of 2 walks 10 x 14 = 140
     ("wgrad", 768, 768, 8192): (13, 2, 0, False),
     ("wgrad", 768, 768, 8256): (2, 0, 3, False),  # beyond 8192 tokens
@@ -87,7 +87,7 @@ RULE_CASES = {
     # v0.28's one-wave test counts 64x128 tiles: sizes that are not multiples of 128 count
     # differently from v0.22's 128x64 tiles with a 1x2 cluster
     ("fwd", 1344, 704, 1024): (13, 2, 0, False),
-    ("fwd", 2112, 512, 4096): (15, 2, 0, False),  # 33 x 4 = 132 64x128 tiles, but v0.39 one_wave
+    ("fwd", 2112, 512, 4096): (15, 2, 0, False),  # 33 x 4 = 132 64x128 tiles, but v0.40 one_wave
     ("wgrad", 256, 1024, 16384): (2, 0, 4, False),  # beyond 8192 tokens: not measured, split-K
     # the 128x192 tile (v0.10); without a cluster (config 1) for the weight gradient over
     # 2048-4096 tokens (v0.30: 2816 x 1024 over 4096 tokens 0.976 vs 0.853 for stream-K)
@@ -115,12 +115,12 @@ RULE_CASES = {
     # H100, 0.962 / 0.962; not measured in the 80-85% band for such outputs)
     ("wgrad", 1152, 2304, 4096): (1, 2, 0, False),
     ("wgrad", 1664, 1728, 4096): (1, 1, 0, False),  # 13 x 9 = 117; a swizzle of 2 walks 14 x 10
-    ("wgrad", 2304, 768, 4096): (15, 2, 0, False),  # 108 tiles of 128x128: v0.39 one_wave
+    ("wgrad", 2304, 768, 4096): (15, 2, 0, False),  # 108 tiles of 128x128: v0.40 one_wave
     ("fwd", 2816, 1024, 4096): (14, 2, 0, False),  # not the weight gradient's layout
     ("dgrad", 2816, 1024, 4096): (14, 2, 0, False),
     ("fwd", 4096, 768, 3072): (10, 4, 0, False),  # in place of the transposed problem
-    ("dgrad", 4096, 3584, 3584): (3, 0, 0, False),  # 5 waves of 192 vs 4 of 256; v0.39: 7 of 128
-    ("fwd", 16384, 128, 8192): (15, 2, 0, False),  # 128 tiles: v0.39 one_wave (0.972 vs 0.787)
+    ("dgrad", 4096, 3584, 3584): (3, 0, 0, False),  # 5 waves of 192 vs 4 of 256; v0.40: 7 of 128
+    ("fwd", 16384, 128, 8192): (15, 2, 0, False),  # 128 tiles: v0.40 one_wave (0.972 vs 0.787)
     ("wgrad", 3072, 768, 512): (10, 4, 0, False),  # rule: transposed, which wgrad cannot be
     # config 0 and its swizzle (v0.10): 2 from 48 tiles along the grid's shorter side
     ("fwd", 16384, 18944, 3584): (0, 2, 0, False),
@@ -144,7 +144,7 @@ RULE_CASES = {
     ("fwd", 4096, 256, 1024): (13, 2, 0, False),  # in place of the transposed problem
     # config 14, 256x128 tiles, swizzle 2 (v0.22): up to a wave with K <= 4096, four with K <= 1024
     ("dgrad", 4096, 1024, 256): (14, 2, 0, False),
-    ("fwd", 4096, 1024, 4096): (15, 2, 0, False),  # 256 tiles: v0.39 two_waves
+    ("fwd", 4096, 1024, 4096): (15, 2, 0, False),  # 256 tiles: v0.40 two_waves
     ("dgrad", 4096, 1024, 4096): (15, 2, 0, False),
     ("wgrad", 1024, 4096, 4096): (15, 2, 0, False),
     ("fwd", 4096, 1024, 8192): (0, 0, 0, False),  # two waves over K > 4096: config 14 or 0
@@ -166,13 +166,13 @@ RULE_CASES = {
     ("fwd", 4096, 1024, 1032): (15, 0, 0, False),
     ("fwd", 4096, 1024, 2816): (15, 0, 0, False),
     ("fwd", 4096, 1024, 3072): (15, 0, 0, False),
-    ("fwd", 4096, 1024, 3080): (15, 2, 0, False),  # K > 3072: v0.39 two_waves
+    ("fwd", 4096, 1024, 3080): (15, 2, 0, False),  # K > 3072: v0.40 two_waves
     ("fwd", 4096, 1024, 256): (14, 2, 0, False),  # K <= 256: the short-K branch, unchanged
     ("fwd", 8192, 1024, 1024): (3, 0, 0, False),  # 512 tiles: more than 3 waves
     ("fwd", 3200, 1024, 1024): (15, 0, 0, False),  # 200 tiles: just over 1.5 waves
     ("fwd", 3072, 1024, 1024): (7, 0, 0, True),  # 192 tiles: under 1.5 waves, transposed as before
     ("fwd", 6144, 1024, 1024): (0, 0, 0, False),  # config 14's gate refuses it (73% full waves)
-    ("wgrad", 4096, 1024, 1024): (15, 2, 0, False),  # not v0.37's clause: v0.39 two_waves
+    ("wgrad", 4096, 1024, 1024): (15, 2, 0, False),  # not v0.37's clause: v0.40 two_waves
     # v0.38: config 15 for the dgrad layout of the same domain (isolated, H200: 4096 x 1024 x
     # 1024 16.2 vs 16.3-16.4 us on config 3; inside compiled llama-host steps 15.0 vs 15.2, and
     # 4096 x 1024 x 2816 33.4 vs 33.7 on config 14)
@@ -181,7 +181,7 @@ RULE_CASES = {
     ("dgrad", 4096, 1024, 1032): (15, 0, 0, False),  # was config 14
     ("dgrad", 4096, 1024, 2816): (15, 0, 0, False),  # was config 14
     ("dgrad", 4096, 1024, 3072): (15, 0, 0, False),
-    ("dgrad", 4096, 1024, 3080): (15, 2, 0, False),  # K > 3072: v0.39 two_waves
+    ("dgrad", 4096, 1024, 3080): (15, 2, 0, False),  # K > 3072: v0.40 two_waves
     ("dgrad", 3200, 1024, 1024): (15, 0, 0, False),  # just over 1.5 waves
     ("dgrad", 8192, 1024, 1024): (3, 0, 0, False),  # 512 tiles: more than 3 waves, config 3
     # v0.32: over more than a wave with 256 < K <= 1024, config 14 only where its
@@ -198,7 +198,7 @@ RULE_CASES = {
     # 0.959 vs 0.784, H200 0.960 vs 0.790)
     ("fwd", 1024, 2816, 4096): (10, 0, 0, False),
     ("dgrad", 1024, 2816, 4096): (10, 0, 0, False),
-    # v0.39, the wave-fill clauses (with_wave_fill; the sweep of every configuration over the
+    # v0.40, the wave-fill clauses (with_wave_fill; the sweep of every configuration over the
     # shape set, results/sweep_nvidia-h200_20261202-122047.json). one_wave: config 15, swizzle
     # 2, for 66 < t <= 132 tiles of 128x128 with K > 256
     ("dgrad", 512, 4096, 1024): (15, 2, 0, False),  # 128 tiles (0.952 vs 0.896 transposed)
@@ -240,8 +240,8 @@ RULE_CASES = {
     # no swizzle where its rounding of the tile grid would add a wave (v0.24): 13 x 10 tiles of
     # 256x128 are 130, one wave; with a swizzle of 2 CUTLASS's scheduler walks 14 x 12 = 168
     # (the weight gradient's layout: the forward's and dgrad's run config 3 at K <= 1024, v0.36)
-    ("wgrad", 3328, 1280, 1024): (15, 2, 0, False),  # v0.39 two_waves (260 tiles of 128x128)
-    ("wgrad", 2816, 1536, 1024): (15, 2, 0, False),  # 11 x 12 = 132 (config 14); v0.39 two_waves
+    ("wgrad", 3328, 1280, 1024): (15, 2, 0, False),  # v0.40 two_waves (260 tiles of 128x128)
+    ("wgrad", 2816, 1536, 1024): (15, 2, 0, False),  # 11 x 12 = 132 (config 14); v0.40 two_waves
     ("wgrad", 2816, 2816, 1024): (14, 1, 0, False),  # 11 x 22 = 242 -> 12 x 24 = 288: 3 waves
     ("wgrad", 3072, 2816, 1024): (14, 1, 0, False),  # 12 x 22 = 264 (2 waves) -> 12 x 24 = 288 (3)
     ("wgrad", 4096, 2816, 1024): (14, 2, 0, False),  # 16 x 22 = 352 -> 16 x 24 = 384: 3 waves either way
@@ -343,7 +343,7 @@ def test_float32_output_never_gets_the_16bit_only_configurations(harness):
 
 
 def test_wave_fill_clauses_only_for_16bit_outputs_without_fused_epilogue(harness):
-    """v0.39's clauses (config 15 / 1 / 3 in place of the rule's choice) were measured with
+    """v0.40's clauses (config 15 / 1 / 3 in place of the rule's choice) were measured with
     16-bit outputs and plain or bias epilogues: a float32 output (main-gradient accumulation)
     and a fused activation keep what they had."""
     for op, m, n, k in [("wgrad", 4096, 4096, 512), ("wgrad", 4096, 1024, 4096),

@@ -583,7 +583,7 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //   * v0.38: the same clause for the dgrad layout (A and B row-major): config 15 level with or
 //     ahead of configs 3 / 14 there, isolated (4096 x 1024 x 1024 16.2 vs 16.3-16.4 us) and in
 //     compiled llama-host steps (15.0 vs 15.2; 4096 x 1024 x 2816 33.4 vs 33.7 on config 14).
-//   * v0.39: the wave-fill clauses on top of all the above (with_wave_fill, below): config 15
+//   * v0.40: the wave-fill clauses on top of all the above (with_wave_fill, below): config 15
 //     with a swizzle of 2 from half a wave to a wave of 128x128 tiles, at two waves, and for the
 //     weight gradient over at most 512 tokens; config 1 for the wide data-parallel forward and
 //     dgrad; config 3 where its waves cost less than the 128x192 tile's.
@@ -613,7 +613,7 @@ Sm90Choice standing_in_for_transposed(Sm90Choice c) {
 
 namespace {
 
-// The rule before v0.39's wave-fill clauses (choose_sm90_config applies them on top).
+// The rule before v0.40's wave-fill clauses (choose_sm90_config applies them on top).
 Sm90Choice choose_sm90_config_before_wave_fill(const GemmParams& p) {
   const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   if (p.m <= 128 && p.n >= 1024) {
@@ -652,7 +652,7 @@ Sm90Choice choose_sm90_config_before_wave_fill(const GemmParams& p) {
   return c;
 }
 
-// v0.39: config 15 (128x128 ping-pong, no cluster) with a swizzle of 2 where a sweep of every
+// v0.40: config 15 (128x128 ping-pong, no cluster) with a swizzle of 2 where a sweep of every
 // configuration over issue 13's shape set (H200, results/sweep_nvidia-h200_20261202-122047.json,
 // NOTES "thirty-ninth session") had it ahead of the rule's choice; 16-bit operands with the input
 // dtype out, no fused epilogue (its kernels are config 3's), not the small-M transposed problem.
