@@ -362,7 +362,16 @@ using AllConfigs = std::tuple<
     WithStreamK<kernels::Sm90TileConfig<0>>,                             // 24
     WithStreamK<VariantConfig<128, 256, 64, 1, 1, false>>,               // 25
     WithStreamK<kernels::Sm90TileConfig<14>>,                            // 26
-    WithoutC<WithStreamK<kernels::Sm90TileConfig<0>>>>;                  // 27
+    WithoutC<WithStreamK<kernels::Sm90TileConfig<0>>>,                   // 27
+    // 28-32: small tiles with deep pipelines for the 512-token problems of 8-15 us where cuBLAS
+    // runs 1-3 us ahead (issue 13's shape set): the library's 64x128 ping-pong tile (config 13)
+    // and its 64x64x128 one (config 11) for reference, a 64x64x64 ping-pong tile (16 KiB stages,
+    // as many as fit: about twice config 11's), and configs 13 and the 64x64x64 tile without C.
+    kernels::Sm90TileConfig<13>,                                         // 28
+    kernels::Sm90TileConfig<11>,                                         // 29
+    VariantConfig<64, 64, 64, 1, 1, true>,                               // 30
+    WithoutC<VariantConfig<64, 64, 64, 1, 1, true>>,                     // 31
+    WithoutC<kernels::Sm90TileConfig<13>>>;                              // 32
 constexpr const char* kLabels[] = {
     "c0 128x256 2x1 coop",        "c3 128x128 1x2 pingpong",      "c14 256x128 1x2 coop",
     "256x128 2x1 coop",           "256x128 1x1 coop",             "256x128 1x2 coop epi128x64",
@@ -376,7 +385,9 @@ constexpr const char* kLabels[] = {
     "128x176 2x1 pingpong epi64x176 without C", "128x176 2x1 pingpong epi64x176",
     "128x176 1x1 pingpong epi64x176 without C",
     "c0 stream-K",                 "128x256 1x1 coop stream-K",    "c14 stream-K",
-    "c0 stream-K without C"};
+    "c0 stream-K without C",
+    "c13 64x128 pingpong",         "c11 64x64x128 pingpong",       "64x64x64 1x1 pingpong",
+    "64x64x64 1x1 pingpong without C", "c13 without C"};
 static_assert(std::size(kLabels) == std::tuple_size_v<AllConfigs>, "one label per variant");
 static_assert(CUTLASS_NN_VARIANT >= 0 && CUTLASS_NN_VARIANT < std::tuple_size_v<AllConfigs>,
               "gemm_variants.cuh: CUTLASS_NN_VARIANT names no variant");
