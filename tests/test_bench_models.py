@@ -325,6 +325,28 @@ def test_loss_comparison_and_targets():
     assert t["memory_judged_on"] == "allocator blocks"  # no row read tensor bytes
 
 
+def test_gpu_bound_target_and_rows_not_run():
+    """The GPU size's rows pass only with every row >= 1.00 and their median >= 1.02; a run
+    without rows of one size says so instead of reporting a miss."""
+    def row(size, ratio):
+        return {"status": "ok", "size": size, "ratio": ratio, "memory_ratio": 1.0,
+                "loss": {"agree": True}}
+
+    t = bench_models.targets([row("gpu", 1.03), row("gpu", 1.01), row("gpu", 1.05)])
+    assert t["gpu_bound_pass"] and t["gpu_bound_min_ratio"] == pytest.approx(1.01)
+    lines = bench_models.format_targets(t)
+    assert lines[0].startswith("host-bound rows: none in this run") and "MISS" not in lines[0]
+    assert "median ratio 1.030, min 1.010" in lines[3] and lines[3].endswith("PASS)")
+    # a row below 1.00 misses even with a high median; a median under 1.02 misses too
+    assert not bench_models.targets([row("gpu", 1.10), row("gpu", 0.99), row("gpu", 1.08)])[
+        "gpu_bound_pass"]
+    assert not bench_models.targets([row("gpu", 1.01), row("gpu", 1.015)])["gpu_bound_pass"]
+    t = bench_models.targets([row("host", 1.01)])
+    assert not t["gpu_bound_pass"] and t["gpu_bound_min_ratio"] is None
+    lines = bench_models.format_targets(t)
+    assert "PASS" in lines[0] and lines[3].startswith("GPU-bound rows: none in this run")
+
+
 def test_memory_target_is_judged_on_tensor_bytes_where_every_row_read_them():
     """A block of allocator rounding more on the converted side (blocks 1.0005) with the same
     tensor bytes passes; a tensor more (requested 1.0001) fails; a row without the reading

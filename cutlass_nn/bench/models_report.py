@@ -38,13 +38,14 @@ def normalize_row(row: dict) -> dict:
 
 
 def targets(rows: Sequence[dict]) -> dict[str, Any]:
-    """This issue's targets: host-bound rows' ratio >= 1.00, every row's peak memory <= 1.00x
-    stock, losses in agreement (the GPU-bound rows' speed is the next issue's). The host-bound
+    """The model benchmark's targets: host-bound rows' ratio >= 1.00, every row's peak memory
+    <= 1.00x stock, losses in agreement (the real-models issue, part 1), and the GPU-bound rows
+    (the GPU size's) every one >= 1.00 with their median >= 1.02 (part 2). The host-bound
     rows are the host size's eager and compiled rows; its CUDA-graph rows (``reduce-overhead``)
     replay the graphs' kernels without launching each from the host, so what the host still
     does per step (the optimizer, ``zero_grad``, the graphs' bookkeeping: 2.3-2.8 ms on an H200)
     stays below the GPU's work and their step time is the GPU's (NOTES v0.24): they are reported
-    apart (``cuda_graph_host_min_ratio``), under the next issue's target (every row >= 1.00),
+    apart (``cuda_graph_host_min_ratio``), under the GPU-bound rows' target (every row >= 1.00),
     and not in the GPU-size rows' median. Peak memory is
     judged on the bytes the tensors requested where every row has that reading (runs from
     2026-11-28 on): the allocator's blocks add up to 1 MiB of rounding per block, which falls on
@@ -81,6 +82,9 @@ def targets(rows: Sequence[dict]) -> dict[str, Any]:
     if mem_max is None:
         mem_max = out["max_memory_ratio"]
     out["host_bound_pass"] = host_min is not None and host_min >= 1.0
+    gpu = [r["ratio"] for r in ok if r["size"] == "gpu"]
+    out["gpu_bound_min_ratio"] = min(gpu, default=None)
+    out["gpu_bound_pass"] = bool(gpu) and min(gpu) >= 1.0 and statistics.median(gpu) >= 1.02
     out["memory_pass"] = mem_max is not None and mem_max <= 1.0
     return out
 
@@ -163,18 +167,28 @@ def format_targets(t: dict) -> list[str]:
            + (" holds 1.00: not resolved by this run" if b["ci95"][1] >= 1.0
               else " excludes 1.00: slower than stock"))
         for b in below)
-    return [
-        f"host-bound rows: min ratio {fmt_or_dash(t['host_bound_min_ratio'], '.3f')} "
+    host_line = (
+        "host-bound rows: none in this run (target >= 1.00 not judged)"
+        if t["host_bound_min_ratio"] is None
+        else f"host-bound rows: min ratio {t['host_bound_min_ratio']:.3f} "
         f"(target >= 1.00: {'PASS' if t['host_bound_pass'] else 'MISS'})"
-        + (f"; below 1.00: {detail}" if detail else ""),
+        + (f"; below 1.00: {detail}" if detail else ""))
+    gpu_median = t["gpu_bound_median_ratio"]
+    gpu_line = (
+        "GPU-bound rows: none in this run (target: every row >= 1.00, median >= 1.02; not judged)"
+        if gpu_median is None
+        else f"GPU-bound rows: median ratio {gpu_median:.3f}, min "
+        f"{fmt_or_dash(t.get('gpu_bound_min_ratio'), '.3f')} (target: every row >= 1.00, median "
+        f">= 1.02: {'PASS' if t.get('gpu_bound_pass') else 'MISS'})")
+    return [
+        host_line,
         f"peak memory: max ratio {fmt_or_dash(t['max_memory_ratio'], '.4f')} in allocator "
         f"blocks, {fmt_or_dash(t.get('max_memory_ratio_requested'), '.4f')} in tensor bytes "
         f"(target <= 1.00, on {t.get('memory_judged_on', 'allocator blocks')}: "
         f"{'PASS' if t['memory_pass'] else 'MISS'})",
         f"losses agree (rel <= {LOSS_RTOL}): {t['losses_agree']}",
-        f"GPU-bound rows: median ratio {fmt_or_dash(t['gpu_bound_median_ratio'], '.3f')} "
-        "(next issue's target: every row >= 1.00, median >= 1.02)",
-    ] + ([f"host size under CUDA graphs (GPU time; next issue's target): min ratio "
+        gpu_line,
+    ] + ([f"host size under CUDA graphs (GPU time; the GPU-bound rows' target): min ratio "
           f"{t['cuda_graph_host_min_ratio']:.3f}"]
          if t.get("cuda_graph_host_min_ratio") is not None else [])
 
