@@ -10,7 +10,7 @@
 //                     The only family with fused activation epilogues. For a small M the rule
 //                     may name a transposed configuration (4-7): the problem is then run as
 //                     D^T = B^T A^T with a column-major D^T (plan_gemm), or, where that has no
-//                     kernel, with the rule's row-major choice (and its wave-fill clauses).
+//                     kernel, with the rule's row-major choice.
 //   2. kSm80TensorOp  sm >= 80; highest alignment first (f16/bf16: 8 then 2; tf32: 4 then 1, only
 //                     with Fp32Math::kTf32 or kTf32Split; 3xTF32: 4, only with Fp32Math::kIeee;
 //                     f64 DMMA: 1).
@@ -609,6 +609,10 @@ Sm90Choice standing_in_for_transposed(Sm90Choice c) {
   return c;
 }
 
+}  // namespace
+
+namespace {
+
 // The rule before v0.40's wave-fill clauses (choose_sm90_config applies them on top).
 Sm90Choice choose_sm90_config_before_wave_fill(const GemmParams& p) {
   const int sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
@@ -653,29 +657,25 @@ Sm90Choice choose_sm90_config_before_wave_fill(const GemmParams& p) {
 // NOTES "thirty-ninth session") had it ahead of the rule's choice; 16-bit operands with the input
 // dtype out, no fused epilogue (its kernels are config 3's), not the small-M transposed problem.
 // t = tiles of 128x128 of the output:
-//   * one_wave: 66 < t <= 132 with 256 < K <= 18944 (the longest measured), in place of what the
-//     sweep measured there: stream-K / split-K (config 2), the transposed tiles (4-7), the
-//     128x256 / 256x128 tiles (0, 14) and the 128x192 one (10) (dgrad 512 x 3584 x 8192 1.000 vs
-//     0.924 of cuBLAS, wgrad 512 x 3584 x 512 0.921 vs 0.731, fwd 16384 x 128 x 8192 0.972 vs
-//     0.787 on config 10), except a forward the rule transposes over K <= 1024 (512 x 4096 x
-//     1024: 0.946 against the transposed tile's 0.976); not configs 1, 11-13 (not measured);
-//   * two_waves: 7/4 to 2 waves (231 <= t <= 264 on 132 SMs) with 256 < K <= 4096 where the rule
-//     picks configs 0, 14 or 2 (fwd 512 x 8192 x 3584 0.967 vs 0.905, wgrad 4096 x 1024 x 4096
-//     0.983 vs 0.948), except the dgrad layout over K <= 1024 (512 x 8192 x 1024 lost 1-5% in the
-//     bench of the built draft, results/bench_nvidia-h200_20261202-124149.json, as did two dgrad
-//     problems of K <= 256, which was measured in the dgrad layout only and is left out);
-//   * short_wgrad: the weight gradient over K <= 512 tokens (the set's only short K) where the
-//     rule picks the 256x128 or 128x256 tile (configs 14, 0): 4096 x 4096 x 512 1.125 vs 0.960,
-//     1024 x 8192 x 512 1.076 vs 0.918.
-// The clauses' swizzle 0 is CUTLASS's default (1) where a swizzle of 2 would add a wave.
+//   * one_wave: 66 < t <= 132 with K > 256, in place of stream-K, the transposed 64x128 tile or
+//     the 128x256 / 256x128 tiles (dgrad 512 x 3584 x 8192 1.000 vs 0.924 of cuBLAS, wgrad 512 x
+//     3584 x 512 0.921 vs 0.731), except a forward the rule transposes over K <= 1024 (512 x 4096
+//     x 1024: 0.946 against the transposed tile's 0.976);
+//   * two_waves: 232 <= t <= 264 with 256 < K <= 4096 where the rule picks configs 0, 14 or 2
+//     (fwd 512 x 8192 x 3584 0.967 vs 0.905, wgrad 4096 x 1024 x 4096 0.983 vs 0.948), except
+//     the dgrad layout over K <= 1024, which lost 1-5% in the bench of the built rule (512 x 8192
+//     x 128, 512 x 8192 x 1024, 4096 x 1024 x 256: results/bench_nvidia-h200_20261202-124149.json);
+//     a shorter K was measured in the dgrad layout only;
+//   * short_wgrad: the weight gradient over K <= 512 tokens where the rule picks the 256x128 or
+//     128x256 tile (configs 14, 0): 4096 x 4096 x 512 1.125 vs 0.960, 1024 x 8192 x 512 1.076 vs
+//     0.918.
 // Not the large problems where config 15 also won isolated (16384 x 16384 x 4096): there config 0
 // ran level or ahead under sustained load and inside training steps (the power limit).
 //
 // `before` is the choice the clauses may replace: the rule's before them, or (plan_normalized)
 // the row-major rule's where the problem the rule would transpose cannot run transposed (the
-// weight gradient's layout always: 1024 x 2816 x 512 0.927 vs 0.868 on config 14);
-// `rule_transposes` says whether the rule chose the transposed problem.
-Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before, bool rule_transposes) {
+// weight gradient's layout always: 1024 x 2816 x 512 0.927 vs 0.868 on config 14).
+Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before) {
   const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   if (!is_16bit(p.dtype_ab) || p.dtype_cd != p.dtype_ab || has_fused_epilogue(p)) return before;
   if (p.m <= 128 && p.n >= 1024) return before;
@@ -684,12 +684,9 @@ Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before, bool ru
   const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
   const int64_t rows = ceil_div(p.m, 128), cols = ceil_div(p.n, 128);
   const int64_t tiles128 = rows * cols;
-  const bool one_wave_measured = rule_transposes || before.config == 2 || before.config == 0 ||
-                                 before.config == kTile256x128Config ||
-                                 before.config == kTile192Config;
-  const bool one_wave = p.k > 256 && p.k <= 18944 && tiles128 * 2 > sms && tiles128 <= sms &&
-                        one_wave_measured && !(forward_layout && p.k <= 1024 && rule_transposes);
-  const bool two_waves = tiles128 * 4 >= sms * 7 && tiles128 <= 2 * sms && p.k > 256 &&
+  const bool one_wave = p.k > 256 && tiles128 * 2 > sms && tiles128 <= sms &&
+                        !(forward_layout && p.k <= 1024 && is_swapped_config(before.config));
+  const bool two_waves = tiles128 >= 2 * sms - 32 && tiles128 <= 2 * sms && p.k > 256 &&
                          p.k <= 4096 &&
                          (before.config == 0 || before.config == kTile256x128Config ||
                           before.config == 2) &&
@@ -703,10 +700,10 @@ Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before, bool ru
     return c;
   }
   // wide_data_parallel: the rule's data-parallel 128x128 tiles (config 2, one slice) of a wide
-  // output over at most 512 rows (the rows measured) in the forward or dgrad layout: config 1's
-  // 128x192 tiles without a cluster (512 x 18944 x 3584 fwd 0.997 vs 0.869, dgrad 1.023 vs
-  // 0.878; 512 x 12288 x 4096 fwd 0.995 vs 0.941; 512 x 11008 x 4096 dgrad 1.003 vs 0.942).
-  if (!wgrad_layout && p.m <= 512 && before.config == 2 && before.splits == 1) {
+  // output over few rows in the forward or dgrad layout: config 1's 128x192 tiles without a
+  // cluster (512 x 18944 x 3584 fwd 0.997 vs 0.869, dgrad 1.023 vs 0.878; 512 x 12288 x 4096 fwd
+  // 0.995 vs 0.941; 512 x 11008 x 4096 dgrad 1.003 vs 0.942).
+  if (!wgrad_layout && before.config == 2 && before.splits == 1) {
     c.config = kTile192NoClusterConfig;
     return c;
   }
@@ -731,8 +728,7 @@ Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before, bool ru
 }  // namespace
 
 Sm90Choice choose_sm90_config(const GemmParams& p) {
-  const Sm90Choice before = choose_sm90_config_before_wave_fill(p);
-  return with_wave_fill(p, before, is_swapped_config(before.config));
+  return with_wave_fill(p, choose_sm90_config_before_wave_fill(p));
 }
 
 namespace {
@@ -910,7 +906,7 @@ GemmPlan plan_normalized(GemmParams p) {
     }
     // Not transposable (or no kernel takes the transposed operands): the row-major rule, with
     // the wave-fill clauses that replace its choices.
-    const Sm90Choice r = with_wave_fill(p, choose_row_major_config(p), true);
+    const Sm90Choice r = with_wave_fill(p, choose_row_major_config(p));
     p.sm90_config = r.config;
     if (!splits_forced) p.splits = r.splits;
     if (!swizzle_forced) p.swizzle = r.swizzle;
