@@ -477,6 +477,12 @@ def main(argv=None) -> int:
             if not args.no_plot:
                 plot_curves(runs, args.out / "curves_compare.png")
             ok &= compare_runs(args, *runs)
+        if is_distributed():
+            # Rank 0 verifies the checkpoint and plots while the others are done; tearing
+            # the gloo group down on one rank while a peer is still busy has aborted the
+            # process at exit ("terminate called without an active exception"), so every
+            # rank waits here and they leave the group together.
+            dist.barrier()
         return 0 if ok else 1
     finally:
         if is_distributed():
