@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One GPU session's measurements in three device calls, each under the device's 10-minute limit
+# (the full CUDA build alone takes about 10 minutes on 16 cores, so it is split over two calls;
+# the machine keeps the build folder only while it stays warm, so call `check` right after
+# `build`):
+#
+#   bash scripts/gpu_session.sh build    # install the carried CUTLASS wheel, build (560 s at most)
+#   bash scripts/gpu_session.sh check    # finish the build, pack the extension into
+#                                        # $OUT/_C.abi3.so.xz, the kernel-selection tests, the
+#                                        # sweep ($SWEEP_SHAPES, if set), the shape-set benchmark
+#   bash scripts/gpu_session.sh models   # the model benchmark on an extension carried back in
+#                                        # ($PREBUILT_SO, default .whl/_C.abi3.so.xz)
+#
+# Everything goes under $OUT (the device's output folder). The CUTLASS wheel is expected in
+# .whl/ (README.md, "GPU machine"). Knobs: SWEEP_SHAPES (layer shapes T x N x K, comma-separated;
+# no sweep when empty), SWEEP_CONFIGS (default all), SWEEP_SWIZZLES (default 1), SWEEP_OPS
+# (default fwd,dgrad,wgrad), PYTEST_TARGETS (default tests/test_cuda_kernel_selection.py),
+# BENCH_TIME (shape-set benchmark's --time-limit, default 200), MODEL_TIME (default 250).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:?set OUT to the output folder}
+mkdir -p "$OUT"
+step=${1:?usage: gpu_session.sh build|check|models}
+site=/tmp/cutlass_site
+[ -d "$site/cutlass_library" ] ||
+  python3 -m pip install -q --no-index --no-deps --target "$site" .whl/nvidia_cutlass-*.whl || exit 1
+export PYTHONPATH=$PWD:$site${PYTHONPATH:+:$PYTHONPATH} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PYTHONUNBUFFERED=1 CUTLASS_NN_CUDA_ARCHS=${CUTLASS_NN_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-16}
+
+build() {  # $1: log file, $2: time limit in seconds (0: none)
+  local start rc
+  start=$(date +%s)
+  if [ "$2" -gt 0 ]; then
+    timeout "$2" python3 setup.py build_ext --inplace > "$1" 2>&1
+  else
+    python3 setup.py build_ext --inplace > "$1" 2>&1
+  fi
+  rc=$?
+  echo "build rc=$rc after $(( $(date +%s) - start )) s (git $(git rev-parse --short HEAD 2>/dev/null || echo '?'))" | tee -a "$1"
+  return $rc
+}
+
+case "$step" in
+  build)
+    nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
+    build "$OUT/build1.log" 560
+    tail -3 "$OUT/build1.log"
+    ;;
+  check)
+    build "$OUT/build2.log" 0 || { tail -40 "$OUT/build2.log"; exit 1; }
+    python3 scripts/prebuilt_extension.py pack cutlass_nn/_C.abi3.so "$OUT/_C.abi3.so.xz" || exit 1
+    SKIP_BUILD=1 PYTEST_TARGETS="${PYTEST_TARGETS:-tests/test_cuda_kernel_selection.py}" \
+      OUT="$OUT/check" bash scripts/gpu_check.sh -q 2>&1 | tail -15
+    if [ -n "${SWEEP_SHAPES:-}" ]; then
+      sweep_configs=()
+      [ -n "${SWEEP_CONFIGS:-}" ] && sweep_configs=(--sweep-configs "$SWEEP_CONFIGS")
+      python3 -m cutlass_nn.bench --sweep "${sweep_configs[@]}" \
+        --sweep-swizzles "${SWEEP_SWIZZLES:-1}" --what "${SWEEP_OPS:-fwd,dgrad,wgrad}" \
+        --sweep-shapes "$SWEEP_SHAPES" --budget-ms 60 --time-limit 100 --out "$OUT" 2>&1 | tail -40
+    fi
+    python3 -m cutlass_nn.bench --shapes transformer --what fwd,dgrad,wgrad --budget-ms 60 \
+      --time-limit "${BENCH_TIME:-200}" --out "$OUT" 2>&1 | tail -25
+    ;;
+  models)
+    python3 scripts/prebuilt_extension.py unpack "${PREBUILT_SO:-.whl/_C.abi3.so.xz}" \
+      cutlass_nn/_C.abi3.so || exit 1
+    python3 -m cutlass_nn.bench --what models --families llama,gpt --sizes gpu \
+      --modes compile,eager --steps 20 --time-limit "${MODEL_TIME:-250}" --out "$OUT" 2>&1 | tail -30
+    ;;
+  *)
+    echo "gpu_session.sh: step must be build, check or models, got '$step'" >&2
+    exit 2
+    ;;
+esac
