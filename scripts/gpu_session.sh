@@ -5,9 +5,11 @@
 # `build`):
 #
 #   bash scripts/gpu_session.sh build    # install the carried CUTLASS wheel, build (560 s at most)
-#   bash scripts/gpu_session.sh check    # finish the build, pack the extension into
-#                                        # $OUT/_C.abi3.so.xz, the kernel-selection tests, the
-#                                        # sweep ($SWEEP_SHAPES, if set), the shape-set benchmark
+#   bash scripts/gpu_session.sh check    # scripts/gpu_check.sh with SAVE_SO=1 into $OUT/check:
+#                                        # finishes the build, packs the extension into
+#                                        # $OUT/check/_C.abi3.so.xz, runs the kernel-selection
+#                                        # tests and writes the summary; then the sweep
+#                                        # ($SWEEP_SHAPES, if set) and the shape-set benchmark
 #   bash scripts/gpu_session.sh models   # the model benchmark on an extension carried back in
 #                                        # ($PREBUILT_SO, default .whl/_C.abi3.so.xz)
 #
@@ -27,30 +29,18 @@ site=/tmp/cutlass_site
 export PYTHONPATH=$PWD:$site${PYTHONPATH:+:$PYTHONPATH} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PYTHONUNBUFFERED=1 CUTLASS_NN_CUDA_ARCHS=${CUTLASS_NN_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-16}
 
-build() {  # $1: log file, $2: time limit in seconds (0: none)
-  local start rc
-  start=$(date +%s)
-  if [ "$2" -gt 0 ]; then
-    timeout "$2" python3 setup.py build_ext --inplace > "$1" 2>&1
-  else
-    python3 setup.py build_ext --inplace > "$1" 2>&1
-  fi
-  rc=$?
-  echo "build rc=$rc after $(( $(date +%s) - start )) s (git $(git rev-parse --short HEAD 2>/dev/null || echo '?'))" | tee -a "$1"
-  return $rc
-}
-
 case "$step" in
   build)
     nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
-    build "$OUT/build1.log" 560
-    tail -3 "$OUT/build1.log"
+    start=$(date +%s)
+    timeout 560 python3 setup.py build_ext --inplace > "$OUT/build1.log" 2>&1
+    echo "build rc=$? after $(( $(date +%s) - start )) s (resumed by the check step)" |
+      tee -a "$OUT/build1.log"
     ;;
   check)
-    build "$OUT/build2.log" 0 || { tail -40 "$OUT/build2.log"; exit 1; }
-    python3 scripts/prebuilt_extension.py pack cutlass_nn/_C.abi3.so "$OUT/_C.abi3.so.xz" || exit 1
-    SKIP_BUILD=1 PYTEST_TARGETS="${PYTEST_TARGETS:-tests/test_cuda_kernel_selection.py}" \
+    SAVE_SO=1 PYTEST_TARGETS="${PYTEST_TARGETS:-tests/test_cuda_kernel_selection.py}" \
       OUT="$OUT/check" bash scripts/gpu_check.sh -q 2>&1 | tail -15
+    [ -f "$OUT/check/_C.abi3.so.xz" ] || { echo "gpu_session.sh: the build failed" >&2; exit 1; }
     if [ -n "${SWEEP_SHAPES:-}" ]; then
       sweep_configs=()
       [ -n "${SWEEP_CONFIGS:-}" ] && sweep_configs=(--sweep-configs "$SWEEP_CONFIGS")
