@@ -9,7 +9,7 @@
 # e.g. bash scripts/gemm_variant_ab.sh /tmp/cutlass_site/cutlass_library/source/include \
 #          4096x2816x1024:tn 4096x4096x1024:nn
 # Environment: CUDA_HOME (default /usr/local/cuda), VARIANTS (the variant numbers to build,
-# default all: "0 1 ... 32"), MAX_JOBS (parallel nvcc jobs, default nproc), ROUNDS,
+# default all: "0 1 ... 34"), MAX_JOBS (parallel nvcc jobs, default nproc), ROUNDS,
 # SAMPLES, ITERS, GAP_US (host sleep before each sample, default 0: with ITERS=1 each sample
 # times one launch after an idle GPU, near the clock a training step gives it, instead of
 # back-to-back launches at the power limit), RASTERS (0 CUTLASS's heuristic, 1 along M, 2 along
@@ -75,7 +75,7 @@ else
   build=$(mktemp -d)
   trap 'rm -rf "$build"' EXIT
 fi
-variants=${VARIANTS:-"$(seq -s " " 0 32)"}
+variants=${VARIANTS:-"$(seq -s " " 0 34)"}
 jobs=${MAX_JOBS:-$(nproc)}
 t0=$(date +%s)
 for v in $variants; do

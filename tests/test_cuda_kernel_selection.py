@@ -36,7 +36,7 @@ FLOOR_16 = 2e-3
 
 
 # The configurations that run the transposed problem D^T = B^T A^T (small M).
-SWAPPED_CONFIGS = (4, 5, 6, 7)
+SWAPPED_CONFIGS = (4, 5, 6, 7, 16)
 # The short-K configurations, compiled for the wgrad layout only (9: 16-bit outputs only).
 SHORT_K_CONFIGS = (8, 9)
 # The small-wgrad configurations (64-row ping-pong tiles): the wgrad layout, 16-bit outputs only.
@@ -44,7 +44,7 @@ SMALL_WGRAD_CONFIGS = (11, 12)
 # The row-major configurations compiled with a float32 output too (the wgrad of an fp32 main
 # gradient); config 1 (v0.30) and 10, 13, 14, 15 have 16-bit outputs only.
 FP32_OUT_CONFIGS = (0, 2, 3)
-N_CONFIGS = 16
+N_CONFIGS = 17
 
 
 def _transposable(op: str) -> bool:
@@ -486,9 +486,15 @@ TRANSFORMER_RULE_CASES = [
     ("linear", (512, 2304, 768), 7),
     ("linear", (4096, 256, 1024), 13),  # a grouped-query key/value projection: 128 tiles of 64x128
     ("linear", (2048, 256, 1024), 6),  # 64 tiles of 64x128: transposed
-    ("linear", (4096, 128, 8192), 6),
+    # v0.41: config 6's tile with 64-deep k-blocks over 512 tokens, K >= 3072 in the forward
+    # layout, K >= 8192 in the dgrad layout
+    ("linear", (512, 768, 3072), 16),
+    ("linear", (512, 1024, 8192), 16),
+    ("linear", (512, 1024, 2816), 6),  # K < 3072
+    ("linear", (4096, 128, 8192), 6),  # 4096 tokens
     ("linear", (512, 4096, 11008), 15),  # row-major over a long K; 128 tiles: v0.40 one_wave
     ("linear_dgrad", (512, 3072, 768), 6),  # dgrad GEMM 512 x 768 x 3072, transposed ("tt")
+    ("linear_dgrad", (512, 8192, 1024), 16),  # dgrad GEMM 512 x 1024 x 8192
     ("linear_wgrad", (4096, 768, 768), 13),  # 72 tiles of 64x128, each over the whole K (v0.29)
     ("linear_wgrad", (4096, 256, 1024), 11),  # 64 tiles of 64x64, each over the whole K
     ("linear_wgrad", (512, 256, 1024), 12),  # 128 tiles of 64x32 over 512 tokens

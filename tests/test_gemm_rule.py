@@ -87,7 +87,7 @@ RULE_CASES = {
     # v0.28's one-wave test counts 64x128 tiles: sizes that are not multiples of 128 count
     # differently from v0.22's 128x64 tiles with a 1x2 cluster
     ("fwd", 1344, 704, 1024): (13, 2, 0, False),
-    ("fwd", 2112, 512, 4096): (15, 2, 0, False),  # 33 x 4 = 132 64x128 tiles, but v0.40 one_wave
+    ("fwd", 2112, 512, 4096): (13, 1, 0, False),  # 33 x 4 = 132 64x128 tiles (one_wave: not in place of 13)
     ("wgrad", 256, 1024, 16384): (2, 0, 4, False),  # beyond 8192 tokens: not measured, split-K
     # the 128x192 tile (v0.10); without a cluster (config 1) for the weight gradient over
     # 2048-4096 tokens (v0.30: 2816 x 1024 over 4096 tokens 0.976 vs 0.853 for stream-K)
@@ -382,6 +382,34 @@ def test_wave_fill_clause_edges(harness):
     # short_wgrad from K = 257 (K <= 256 keeps the short-K configurations)
     assert cfg("wgrad", 4096, 4096, 256)[0] == 8
     assert cfg("wgrad", 4096, 4096, 257)[0] == 15
+
+
+def test_wave_fill_clauses_stay_in_the_measured_domain(harness):
+    """The clauses replace only the choices, K range, wave band and row counts the sweep measured
+    them against (a second reading's cases: v0.40 as first built reached past them)."""
+    def cfg(op, m, n, k, **kw):
+        got = plan(harness, op, m, n, k, **kw)
+        return (got.config, got.swizzle, got.splits, got.transposed)
+
+    # one_wave: not over K > 18944 (a 32768-token weight gradient keeps stream-K)
+    assert cfg("wgrad", 1024, 1280, 32768)[0] == 2
+    # one_wave: not in place of configs 1 / 11 / 13
+    assert plan(harness, "fwd", 2112, 512, 4096).rule[:2] == (13, 1)
+    assert cfg("fwd", 2112, 512, 4096)[:2] == (13, 1)
+    assert plan(harness, "wgrad", 14336, 128, 4096).config == 1
+    # wide_data_parallel: over <= 512 rows only; tall outputs keep data-parallel config 2
+    assert cfg("fwd", 8192, 1280, 2048)[:3] == (2, 0, 1)
+    assert cfg("fwd", 640, 6784, 4096)[:3] == (2, 0, 1)
+    assert plan(harness, "fwd", 512, 18944, 3584).config == 1
+    # two_waves from 7/4 of a wave: 231 tiles of 128x128 on 132 SMs take it, 230 do not
+    assert 4 * 231 >= 7 * 132 > 4 * 230
+    assert cfg("fwd", 128 * 21, 128 * 11, 2048)[0] == 15  # 231 tiles
+    assert cfg("fwd", 128 * 23, 128 * 10, 2048)[0] != 15  # 230 tiles
+    # the forward's K <= 1024 exception also where the transposed problem cannot run (beta = 1)
+    got = plan(harness, "fwd", 512, 4096, 1024, c_mode=2, without_c=False)
+    assert 4 <= got.rule[0] <= 7 and got.config == 2 and not got.transposed, got
+    got = plan(harness, "fwd", 512, 4096, 2048, c_mode=2, without_c=False)
+    assert got.config == 15, got  # over K > 1024 the clause holds there too
 
 
 def test_forced_configuration_runs_without_the_rules_swizzle(harness):

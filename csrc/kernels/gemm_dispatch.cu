@@ -8,7 +8,7 @@
 //                     16-byte aligned, and (for a row-broadcast bias) beta == 1; among its tile
 //                     configurations the one choose_sm90_config() names for the problem shape.
 //                     The only family with fused activation epilogues. For a small M the rule
-//                     may name a transposed configuration (4-7): the problem is then run as
+//                     may name a transposed configuration (4-7, 16): the problem is then run as
 //                     D^T = B^T A^T with a column-major D^T (plan_gemm), or, where that has no
 //                     kernel, with the rule's row-major choice.
 //   2. kSm80TensorOp  sm >= 80; highest alignment first (f16/bf16: 8 then 2; tf32: 4 then 1, only
@@ -103,8 +103,8 @@ bool valid_dtypes(DType ab, DType cd) {
 // The SM90 tile configuration of the fused-activation kernels (SM90_ACT_CONFIG of the generator).
 constexpr int kActConfig = 3;
 // The SM90 configurations of float32 operands: TF32, and the TF32 parts of a 3xTF32 split.
-constexpr int kTf32Config = 16;
-constexpr int kTf32SplitConfig = 17;
+constexpr int kTf32Config = 17;
+constexpr int kTf32SplitConfig = 18;
 // The short-K configurations (Sm90TileConfig<8, 9>: config 0 with a 128x64 / 128x128 epilogue
 // tile), compiled for the wgrad layout with the input dtype out only.
 constexpr int kShortKConfig = 8;
@@ -129,7 +129,11 @@ struct SwappedTile {
   int config;
 };
 constexpr SwappedTile kSwappedTiles[] = {{16, 4}, {32, 5}, {64, 6}, {128, 7}};
-bool is_swapped_config(int config) { return config >= 4 && config <= 7; }
+// Config 6's tile with 64-deep k-blocks (Sm90TileConfig<16>, v0.41).
+constexpr int kSwappedDeepConfig = 16;
+bool is_swapped_config(int config) {
+  return (config >= 4 && config <= 7) || config == kSwappedDeepConfig;
+}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -589,7 +593,7 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     dgrad; config 3 where its waves cost less than the 128x192 tile's.
 namespace {
 
-// The transposed configuration (4-7) for a problem under 3/4 of a wave of 128x256 tiles that no
+// The transposed configuration (4-7, 16) for a problem under 3/4 of a wave of 128x256 tiles that no
 // row-major tile stands in for, or -1 where the row-major problem runs (the token tiles would not
 // fill the SMs, or K is too long for the 128-row token tile).
 int transposed_config(const GemmParams& p, int64_t sms) {
@@ -601,6 +605,18 @@ int transposed_config(const GemmParams& p, int64_t sms) {
   // K = 3584 on (512x4096x11008 forward 0.53 vs 0.97); the 64-row one won up to K = 8192.
   const bool long_k_wide_tile = i == 3 && p.k > 3072;
   if (long_k_wide_tile || weight_tiles * ceil_div(p.m, kSwappedTiles[i].rows) * 4 < sms) return -1;
+  // v0.41: the 64-row token tile with 64-deep k-blocks (config 16, twice the stages) where the
+  // sweep of configs 6 and 16 had it ahead (H200, results/sweep_nvidia-h200_20261203-073908.json):
+  // 512 tokens over K >= 3072 in the forward layout (512 x 768 x 3072 0.973 vs 0.898, 512 x 1024
+  // x 8192 0.956 vs 0.907, 512 x 1024 x 4096 level) and over K >= 8192 in the dgrad layout (512 x
+  // 1024 x 8192 0.944 vs 0.927). Config 6 kept the rest: the dgrad layout over K <= 4096 (512 x
+  // 1024 x 4096 0.971 vs 0.928, 512 x 1024 x 2816 0.915 vs 0.870), the forward over K = 2816
+  // (0.883 vs 0.869) and 4096 tokens (4096 x 128 x 8192 0.979 vs 0.947).
+  const bool forward_layout = p.layout_a == Layout::kRowMajor && p.layout_b == Layout::kColumnMajor;
+  if (kSwappedTiles[i].config == 6 && p.m <= 512 &&
+      (p.k >= 8192 || (forward_layout && p.k >= 3072))) {
+    return kSwappedDeepConfig;
+  }
   return kSwappedTiles[i].config;
 }
 
@@ -657,11 +673,12 @@ Sm90Choice choose_sm90_config_before_wave_fill(const GemmParams& p) {
 // NOTES "thirty-ninth session") had it ahead of the rule's choice; 16-bit operands with the input
 // dtype out, no fused epilogue (its kernels are config 3's), not the small-M transposed problem.
 // t = tiles of 128x128 of the output:
-//   * one_wave: 66 < t <= 132 with K > 256, in place of stream-K, the transposed 64x128 tile or
-//     the 128x256 / 256x128 tiles (dgrad 512 x 3584 x 8192 1.000 vs 0.924 of cuBLAS, wgrad 512 x
+//   * one_wave: 66 < t <= 132 with 256 < K <= 18944 (the sweep's K range), in place of stream-K
+//     or split-K (config 2), the transposed tiles, the 128x192 tile or the 128x256 / 256x128
+//     tiles, the choices it was measured against (not configs 1 / 11 / 13) (dgrad 512 x 3584 x 8192 1.000 vs 0.924 of cuBLAS, wgrad 512 x
 //     3584 x 512 0.921 vs 0.731), except a forward the rule transposes over K <= 1024 (512 x 4096
 //     x 1024: 0.946 against the transposed tile's 0.976);
-//   * two_waves: 232 <= t <= 264 with 256 < K <= 4096 where the rule picks configs 0, 14 or 2
+//   * two_waves: 7/4 of a wave to two waves of tiles (231 <= t <= 264 on 132 SMs) with 256 < K <= 4096 where the rule picks configs 0, 14 or 2
 //     (fwd 512 x 8192 x 3584 0.967 vs 0.905, wgrad 4096 x 1024 x 4096 0.983 vs 0.948), except
 //     the dgrad layout over K <= 1024, which lost 1-5% in the bench of the built rule (512 x 8192
 //     x 128, 512 x 8192 x 1024, 4096 x 1024 x 256: results/bench_nvidia-h200_20261202-124149.json);
@@ -674,8 +691,10 @@ Sm90Choice choose_sm90_config_before_wave_fill(const GemmParams& p) {
 //
 // `before` is the choice the clauses may replace: the rule's before them, or (plan_normalized)
 // the row-major rule's where the problem the rule would transpose cannot run transposed (the
-// weight gradient's layout always: 1024 x 2816 x 512 0.927 vs 0.868 on config 14).
-Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before) {
+// weight gradient's layout always: 1024 x 2816 x 512 0.927 vs 0.868 on config 14);
+// `rule_transposes` says the rule chose the transposed problem (so the forward's K <= 1024
+// exception holds in that fallback too: 512 x 4096 x 1024 with beta = 1 keeps the row-major tile).
+Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before, bool rule_transposes) {
   const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   if (!is_16bit(p.dtype_ab) || p.dtype_cd != p.dtype_ab || has_fused_epilogue(p)) return before;
   if (p.m <= 128 && p.n >= 1024) return before;
@@ -684,9 +703,14 @@ Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before) {
   const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
   const int64_t rows = ceil_div(p.m, 128), cols = ceil_div(p.n, 128);
   const int64_t tiles128 = rows * cols;
-  const bool one_wave = p.k > 256 && tiles128 * 2 > sms && tiles128 <= sms &&
-                        !(forward_layout && p.k <= 1024 && is_swapped_config(before.config));
-  const bool two_waves = tiles128 >= 2 * sms - 32 && tiles128 <= 2 * sms && p.k > 256 &&
+  // Only the configurations, K range and wave band the sweep measured config 15 against.
+  const bool one_wave_measured_before =
+      before.config == 0 || before.config == 2 || before.config == kTile256x128Config ||
+      before.config == kTile192Config || rule_transposes;
+  const bool one_wave = p.k > 256 && p.k <= 18944 && tiles128 * 2 > sms && tiles128 <= sms &&
+                        one_wave_measured_before &&
+                        !(forward_layout && p.k <= 1024 && rule_transposes);
+  const bool two_waves = tiles128 * 4 >= sms * 7 && tiles128 <= 2 * sms && p.k > 256 &&
                          p.k <= 4096 &&
                          (before.config == 0 || before.config == kTile256x128Config ||
                           before.config == 2) &&
@@ -702,8 +726,9 @@ Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before) {
   // wide_data_parallel: the rule's data-parallel 128x128 tiles (config 2, one slice) of a wide
   // output over few rows in the forward or dgrad layout: config 1's 128x192 tiles without a
   // cluster (512 x 18944 x 3584 fwd 0.997 vs 0.869, dgrad 1.023 vs 0.878; 512 x 12288 x 4096 fwd
-  // 0.995 vs 0.941; 512 x 11008 x 4096 dgrad 1.003 vs 0.942).
-  if (!wgrad_layout && before.config == 2 && before.splits == 1) {
+  // 0.995 vs 0.941; 512 x 11008 x 4096 dgrad 1.003 vs 0.942). Over at most 512 rows, as measured:
+  // for tall outputs the rule's own wave cost has config 1 20% behind (8192 x 1280 x 2048).
+  if (!wgrad_layout && p.m <= 512 && before.config == 2 && before.splits == 1) {
     c.config = kTile192NoClusterConfig;
     return c;
   }
@@ -728,7 +753,8 @@ Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before) {
 }  // namespace
 
 Sm90Choice choose_sm90_config(const GemmParams& p) {
-  return with_wave_fill(p, choose_sm90_config_before_wave_fill(p));
+  const Sm90Choice before = choose_sm90_config_before_wave_fill(p);
+  return with_wave_fill(p, before, is_swapped_config(before.config));
 }
 
 namespace {
@@ -906,7 +932,7 @@ GemmPlan plan_normalized(GemmParams p) {
     }
     // Not transposable (or no kernel takes the transposed operands): the row-major rule, with
     // the wave-fill clauses that replace its choices.
-    const Sm90Choice r = with_wave_fill(p, choose_row_major_config(p));
+    const Sm90Choice r = with_wave_fill(p, choose_row_major_config(p), /*rule_transposes=*/true);
     p.sm90_config = r.config;
     if (!splits_forced) p.splits = r.splits;
     if (!swizzle_forced) p.swizzle = r.swizzle;
@@ -1073,8 +1099,9 @@ const char* sm90_config_name(int config) {
     case 13: return "64x128x64_1x1x1_pingpong";
     case 14: return "256x128x64_1x2x1_coop";
     case 15: return "128x128x64_1x1x1_pingpong";
-    case 16: return "128x256x32_2x1x1_coop";
-    case 17: return "128x128x32_2x1x1_coop_promoted";
+    case 16: return "64x64x64_1x1x1_pingpong_swapab";
+    case 17: return "128x256x32_2x1x1_coop";
+    case 18: return "128x128x32_2x1x1_coop_promoted";
   }
   return nullptr;
 }

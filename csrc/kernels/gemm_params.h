@@ -115,12 +115,13 @@ enum class GemmStatus : int {
 const char* gemm_status_string(GemmStatus status);
 
 // Number of SM90 tile configurations of the 16-bit kernels, and the name of one (nullptr past
-// the end); index = GemmParams::sm90_config. Configs 4-7 run the transposed problem (small M),
+// the end); index = GemmParams::sm90_config. Configs 4-7 and 16 run the transposed problem (small M),
 // 8 and 9 are the short-K (wgrad) ones, 10 the 128x192 tile (1 the same without a cluster, v0.30;
 // a 128x256 stream-K tile before), 11 and 12 the small-wgrad ones, 13 the 64x128 ping-pong tile,
-// 14 the 256x128 tile with a 1x2 cluster, 15 config 3's ping-pong tile without a cluster (v0.37);
-// configs 16 (TF32) and 17 (3xTF32 parts, promoted accumulation) are float32 only and not counted.
-constexpr int kSm90ConfigCount = 16;
+// 14 the 256x128 tile with a 1x2 cluster, 15 config 3's ping-pong tile without a cluster (v0.37),
+// 16 the transposed problem's 64-token tile with 64-deep k-blocks (config 6's, v0.41);
+// configs 17 (TF32) and 18 (3xTF32 parts, promoted accumulation) are float32 only and not counted.
+constexpr int kSm90ConfigCount = 17;
 const char* sm90_config_name(int config);
 
 // What the per-shape rule picks for these params (ignores the overrides in them).
@@ -128,7 +129,7 @@ struct Sm90Choice {
   int config = 0;   // Sm90TileConfig<config>
   int swizzle = 0;  // 0: CUTLASS's default
   int splits = 0;   // 0: the stream-K scheduler's own heuristic
-  // A row-major tile the rule runs where it would otherwise transpose the problem (configs 4-7):
+  // A row-major tile the rule runs where it would otherwise transpose the problem (configs 4-7, 16):
   // a fused bias + activation then runs unfused there too (the plain GEMM, then the activation).
   bool stands_in_for_transposed = false;
 };

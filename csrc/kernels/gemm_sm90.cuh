@@ -100,7 +100,7 @@ struct Sm90TileConfig<3> {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
-// 4-7: the transposed problem of a small M (decode-like: 1..128 rows), D^T = B^T A^T, with D^T
+// 4-7 (and 16, below): the transposed problem of a small M (decode-like: 1..128 rows), D^T = B^T A^T, with D^T
 // column-major (GemmParams::d_column_major). The weight becomes the M side, cut into 64-row
 // tiles: 128 tiles for N = 8192, each CTA streaming its own slab of the weight through the whole
 // K loop while the few token rows (the N side) come from L2. Ping-pong, since the 64-row tile is
@@ -121,6 +121,11 @@ template <> struct Sm90TileConfig<4> : Sm90SwappedTileConfig<16, 128> {};
 template <> struct Sm90TileConfig<5> : Sm90SwappedTileConfig<32, 128> {};
 template <> struct Sm90TileConfig<6> : Sm90SwappedTileConfig<64, 128> {};
 template <> struct Sm90TileConfig<7> : Sm90SwappedTileConfig<128, 64> {};
+// 16 (v0.41; numbered after the others): config 6's 64x64 tile with 64-deep k-blocks, 16 KiB per
+// stage, twice config 6's stages. For a long K: on the row-major 64x64 tile the deeper pipeline
+// ran 5-9% faster than 128-deep k-blocks over K = 2816-3072 at 512 rows (H200, back to back,
+// results/variant_ab_nvidia-h200_20261202-161310.txt), level elsewhere.
+template <> struct Sm90TileConfig<16> : Sm90SwappedTileConfig<64, 64> {};
 
 // 8, 9: the short-K configurations (wgrad over a few tokens, K <= 256): config 0 with a wider
 // epilogue tile. With K that short the kernel is the output write; the default 128x32 epilogue
@@ -211,11 +216,11 @@ struct Sm90TileConfig<15> : Sm90TileConfig<3> {
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
 };
 
-// 16 and 17 (apart from the 16-bit configurations, which the sweep enumerates): float32 operands
+// 17 and 18 (apart from the 16-bit configurations, which the sweep enumerates): float32 operands
 // on TF32 tensor cores, K-major A and B (the "tn" layout) only, 32-deep k-blocks.
-// 16: TF32 matmuls (float32 matmul precision "high"): 128x256 tiles, 4 pipeline stages.
+// 17: TF32 matmuls (float32 matmul precision "high"): 128x256 tiles, 4 pipeline stages.
 template <>
-struct Sm90TileConfig<16> {
+struct Sm90TileConfig<17> {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_32>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -223,7 +228,7 @@ struct Sm90TileConfig<16> {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
-// 17: the 3xTF32 path of precision "highest" (operands split into TF32 parts by the binding,
+// 18: the 3xTF32 path of precision "highest" (operands split into TF32 parts by the binding,
 // split_tf32.h). Every product of TF32 parts is exact in fp32, but WGMMA's fp32 accumulation is
 // not IEEE round-to-nearest: one TF32 GEMM over the split operands measured 1.0e-5 relative error
 // against cuBLAS fp32's 2.2e-7 (4096^3, H200), its results biased toward zero. So the WGMMA
@@ -236,7 +241,7 @@ struct Sm90TileConfig<16> {
 // 11.5 ms, error 6.6e-7; every second one (8 MMAs) 11.1 ms, 5.0e-7; every fourth (16 MMAs,
 // 128-deep partial sums) is the setting.
 template <>
-struct Sm90TileConfig<17> {
+struct Sm90TileConfig<18> {
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_32>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -591,11 +596,12 @@ struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Con
   using Op = Sm90Gemm<detail::element_t<AB>, detail::element_t<CD>, detail::layout_t<LA>,
                       detail::layout_t<LB>, Sm90TileConfig<Config>, Epi, Act>;
   static_assert(Align == Op::kAlignmentAB, "SM90 kernels use 16-byte alignment");
-  static_assert(AB != DType::kFloat32 || ((Config == 16 || Config == 17) &&
+  static_assert(AB != DType::kFloat32 || ((Config == 17 || Config == 18) &&
                                           LA == Layout::kRowMajor && LB == Layout::kColumnMajor),
-                "float32 (TF32) SM90 kernels: config 16 or 17, K-major A and B (tn) only");
-  static_assert((Epi == EpilogueKind::kLinCombColMajorD) == (Config >= 4 && Config <= 7),
-                "configs 4-7 (and only they) run the transposed small-M problem");
+                "float32 (TF32) SM90 kernels: config 17 or 18, K-major A and B (tn) only");
+  static_assert((Epi == EpilogueKind::kLinCombColMajorD) ==
+                    ((Config >= 4 && Config <= 7) || Config == 16),
+                "configs 4-7 and 16 (and only they) run the transposed small-M problem");
 
   static GemmStatus launch(const GemmParams& p, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, const char** detail, size_t* workspace_query) {

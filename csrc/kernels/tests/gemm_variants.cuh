@@ -116,6 +116,16 @@ struct WithStreamK : Base {
   using TileScheduler = kernels::StreamKScheduler;
 };
 
+// A configuration with CUTLASS's epilogue without shared memory (NoSmemWarpSpecialized): the
+// accumulators are written from registers straight to global memory, no TMA store and no C/D
+// staging, so the shared memory the epilogue held goes to mainloop stages. For the large GEMMs
+// at the power limit, where config 0 runs level with cuBLAS and a few more stages or a lighter
+// epilogue may be what is left.
+template <class Base>
+struct WithNoSmemEpilogue : Base {
+  using EpilogueSchedule = cutlass::epilogue::NoSmemWarpSpecialized;
+};
+
 // Sm90Gemm's mainloop with the epilogue of WithoutC: D = alpha * acc, bf16.
 template <class LayoutA, class LayoutB, class Cfg>
 struct Sm90GemmWithoutC {
@@ -371,7 +381,10 @@ using AllConfigs = std::tuple<
     kernels::Sm90TileConfig<11>,                                         // 29
     VariantConfig<64, 64, 64, 1, 1, true>,                               // 30
     WithoutC<VariantConfig<64, 64, 64, 1, 1, true>>,                     // 31
-    WithoutC<kernels::Sm90TileConfig<13>>>;                              // 32
+    WithoutC<kernels::Sm90TileConfig<13>>,                               // 32
+    // 33, 34: configs 0 and 3 without C, with the epilogue without shared memory.
+    WithoutC<WithNoSmemEpilogue<kernels::Sm90TileConfig<0>>>,            // 33
+    WithoutC<WithNoSmemEpilogue<kernels::Sm90TileConfig<3>>>>;           // 34
 constexpr const char* kLabels[] = {
     "c0 128x256 2x1 coop",        "c3 128x128 1x2 pingpong",      "c14 256x128 1x2 coop",
     "256x128 2x1 coop",           "256x128 1x1 coop",             "256x128 1x2 coop epi128x64",
@@ -387,7 +400,8 @@ constexpr const char* kLabels[] = {
     "c0 stream-K",                 "128x256 1x1 coop stream-K",    "c14 stream-K",
     "c0 stream-K without C",
     "c13 64x128 pingpong",         "c11 64x64x128 pingpong",       "64x64x64 1x1 pingpong",
-    "64x64x64 1x1 pingpong without C", "c13 without C"};
+    "64x64x64 1x1 pingpong without C", "c13 without C",
+    "c0 without C, no-smem epilogue", "c3 without C, no-smem epilogue"};
 static_assert(std::size(kLabels) == std::tuple_size_v<AllConfigs>, "one label per variant");
 static_assert(CUTLASS_NN_VARIANT >= 0 && CUTLASS_NN_VARIANT < std::tuple_size_v<AllConfigs>,
               "gemm_variants.cuh: CUTLASS_NN_VARIANT names no variant");
