@@ -15,9 +15,10 @@
 #
 # Everything goes under $OUT (the device's output folder). The CUTLASS wheel is expected in
 # .whl/ (README.md, "GPU machine"). Knobs: SWEEP_SHAPES (layer shapes T x N x K, comma-separated;
-# no sweep when empty), SWEEP_CONFIGS (default all), SWEEP_SWIZZLES (default 1), SWEEP_OPS
-# (default fwd,dgrad,wgrad), PYTEST_TARGETS (default tests/test_cuda_kernel_selection.py),
-# BENCH_TIME (shape-set benchmark's --time-limit, default 200), MODEL_TIME (default 250).
+# no sweep when empty), SWEEP_CONFIGS (default all), SWEEP_SWIZZLES (default 1), SWEEP_SPLITS
+# (the stream-K configurations' splits, default the bench's), SWEEP_OPS (default
+# fwd,dgrad,wgrad), PYTEST_TARGETS (default tests/test_cuda_kernel_selection.py), BENCH_TIME
+# (shape-set benchmark's --time-limit, default 200), MODEL_TIME (default 250).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to the output folder}
@@ -44,6 +45,7 @@ case "$step" in
     if [ -n "${SWEEP_SHAPES:-}" ]; then
       sweep_configs=()
       [ -n "${SWEEP_CONFIGS:-}" ] && sweep_configs=(--sweep-configs "$SWEEP_CONFIGS")
+      [ -n "${SWEEP_SPLITS:-}" ] && sweep_configs+=(--sweep-splits "$SWEEP_SPLITS")
       python3 -m cutlass_nn.bench --sweep "${sweep_configs[@]}" \
         --sweep-swizzles "${SWEEP_SWIZZLES:-1}" --what "${SWEEP_OPS:-fwd,dgrad,wgrad}" \
         --sweep-shapes "$SWEEP_SHAPES" --budget-ms 60 --time-limit 100 --out "$OUT" 2>&1 | tail -40

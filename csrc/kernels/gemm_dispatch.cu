@@ -4,7 +4,7 @@
 //
 // Selection (first registry row that fits, rows are in priority order):
 //   1. kSm90TmaWs     only if sm == 90, arch_path == kAuto, 16-bit A/B (or float32 with
-//                     Fp32Math::kTf32: config 16, or kTf32Split: config 17), every operand
+//                     Fp32Math::kTf32: config 17, or kTf32Split: config 18), every operand
 //                     16-byte aligned, and (for a row-broadcast bias) beta == 1; among its tile
 //                     configurations the one choose_sm90_config() names for the problem shape.
 //                     The only family with fused activation epilogues. For a small M the rule
