@@ -4,6 +4,7 @@ summary / table / JSON / plot output, and the command line without a GPU."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -229,7 +230,7 @@ def test_parse_args():
         ["--sweep", "--sweep-shapes", "0x16x16"],
         ["--sweep", "--sweep-swizzles", "-1"],
         ["--sweep", "--sweep-swizzles", "a"],
-        ["--sweep", "--sweep-splits", "-2"],
+        ["--sweep", "--sweep-splits", "-1"],  # -2 and below: batched split-K
         ["--sweep", "--sweep-splits", "2,x"],
         ["--sweep", "--sweep-splits", ","],
     ):
@@ -1130,6 +1131,10 @@ def test_sweep_pure_helpers():
     assert bench.parse_shapes("16x8192x8192") == [(16, 8192, 8192)]
     assert bench.parse_swizzles("4,1") == [4, 1]
     assert bench.parse_splits("0,1,2,4,8,2") == [0, 1, 2, 4, 8]
+    assert bench.parse_splits("0,-8,-16") == [0, -8, -16]  # batched split-K
+    for bad in ("-1", "-65", "65", "4-", "--2", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.parse_splits(bad)
 
 
 def test_config_setter_with_splits():

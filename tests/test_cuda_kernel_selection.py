@@ -306,17 +306,24 @@ def test_misaligned_problems_run_padded_on_sm90(op, shape, dtype, gen):
     assert_unchanged(args, before, context)
 
 
+def wgrad_into_padded_gradient(t, n, k, grad_dtype, gen):
+    """dy [t, n] and x [t, k] in bf16, and a gradient [n, k] with random values in a NaN-filled
+    buffer 3 columns wider (rows 16-byte misaligned; the NaN columns show any write past it):
+    returns (dy, x, buf, grad_weight, its starting values)."""
+    dy = make_matrix(t, n, torch.bfloat16, "contig", gen)
+    x = make_matrix(t, k, torch.bfloat16, "contig", gen)
+    buf = torch.full((n, k + 3), float("nan"), dtype=grad_dtype, device="cuda")
+    gw = buf[:, :k]
+    gw.copy_(make_matrix(n, k, torch.float32, "contig", gen).to(grad_dtype))
+    return dy, x, buf, gw, gw.clone()
+
+
 @pytest.mark.parametrize("acc_dtype", [torch.bfloat16, torch.float32], ids=["same", "f32"])
 def test_misaligned_accumulation_padded(acc_dtype, gen):
     """In-place accumulation on the padded path: existing values kept, padding never written."""
     needs_sm90()
     m, n, k = 1001, 515, 517
-    dy = make_matrix(m, n, torch.bfloat16, "contig", gen)
-    x = make_matrix(m, k, torch.bfloat16, "contig", gen)
-    buf = torch.full((n, k + 3), float("nan"), dtype=acc_dtype, device="cuda")
-    gw = buf[:, :k]
-    gw.copy_(make_matrix(n, k, acc_dtype, "contig", gen))
-    start = gw.clone()
+    dy, x, buf, gw, start = wgrad_into_padded_gradient(m, n, k, acc_dtype, gen)
     ops.linear_wgrad_accumulate_(gw, dy, x)
     assert ops.last_kernel_name().startswith("sm90"), ops.last_kernel_name()
     ref64 = start.double() + dy.double().t() @ x.double()
@@ -541,6 +548,14 @@ TRANSFORMER_RULE_CASES = [
     ("linear", (512, 18944, 3584), 1),
     ("linear", (1024, 2816, 2816), 10),  # 128x192 tiles, not the transposed problem (v0.25)
     ("linear_dgrad", (1024, 1024, 3072), 10),  # dgrad GEMM 1024 x 3072 x 1024 (v0.25)
+    # v0.42: 16 tiles over 16384 tokens, batched split-K (config 2's float32-output kernel)
+    ("linear_wgrad", (16384, 256, 1024), 2),
+    # v0.43: one wave of 64x128 tiles for the 128 x 8192 weight gradient over >= 4096 tokens;
+    # config 1's 128x192 tiles for the 768 x 3072 / 3072 x 768 ones over 512 tokens
+    ("linear_wgrad", (4096, 128, 8192), 13),
+    ("linear_wgrad", (16384, 128, 8192), 13),
+    ("linear_wgrad", (512, 768, 3072), 1),
+    ("linear_wgrad", (512, 3072, 768), 1),
 ]
 
 
@@ -609,3 +624,93 @@ def test_bias_keeps_the_kernel_with_c(config, gen):
     assert "_noc_" not in name and name.endswith(sm90_config_names()[config]), name
     check_close(ours, run_torch("linear", args), run_torch("linear", to64(args)), FLOOR_16,
                 f"linear with bias, config {config}")
+
+
+# Batched split-K (splits < 0 forced, v0.42): the K slices run as a batch of GEMMs on config 2's
+# float32-output kernel, a second kernel sums them into the output.
+BATCHED_SPLIT_KERNEL = "_f32_nt_128x128x64_1x1x1_coop_streamk"
+# (tokens T, out N, in K) of linear_wgrad, the GEMM N x K x T: 16 tiles over 4096 tokens, and
+# partial tiles on both edges with slices that are not whole 64-deep k-blocks (3000 / 8 = 375;
+# N and K multiples of 8, as the operands' TMA needs).
+BATCHED_SPLIT_SHAPES = {"aligned": (4096, 256, 1024), "partial": (3000, 200, 136)}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("shape", BATCHED_SPLIT_SHAPES.values(), ids=BATCHED_SPLIT_SHAPES.keys())
+@pytest.mark.parametrize("slices", [2, 8])
+def test_batched_split_k_against_float64(shape, slices, dtype, gen):
+    needs_sm90()
+    args = gemm_args("linear_wgrad", *shape, dtype, "contig", gen)
+    before = clone_all(args)
+    context = f"linear_wgrad {shape} {dtype} in {slices} slices"
+    with forced_config(-1, 0, -slices):
+        ours = run_ours("linear_wgrad", args)
+        name = ops.last_kernel_name()
+        again = run_ours("linear_wgrad", args)
+    assert BATCHED_SPLIT_KERNEL in name, f"{context}: ran {name}"
+    assert ours.dtype == dtype and ours.shape == (shape[1], shape[2])
+    assert torch.equal(ours, again), f"{context}: the reduction is not deterministic"
+    check_close(ours, run_torch("linear_wgrad", args), run_torch("linear_wgrad", to64(args)),
+                FLOOR_16, context)
+    assert_unchanged(args, before, context)
+
+
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_batched_split_k_accumulates_into_a_strided_gradient(grad_dtype, gen):
+    """grad_weight += dy^T x through the batched split-K: the reduction adds the old gradient
+    (C aliasing D) into rows 1027 elements apart (no 16-byte alignment: no SM90 kernel could
+    write it in place) and writes nothing past the gradient's columns."""
+    needs_sm90()
+    t, n, k = 4096, 256, 1024
+    dy, x, buf, gw, start = wgrad_into_padded_gradient(t, n, k, grad_dtype, gen)
+    with forced_config(-1, 0, -4):
+        ops.linear_wgrad_accumulate_(gw, dy, x)
+        name = ops.last_kernel_name()
+    assert BATCHED_SPLIT_KERNEL in name, name
+    ref = start.double() + dy.double().t() @ x.double()
+    torch_way = (start.float() + torch.mm(dy.t(), x).float()).to(grad_dtype)
+    err = lambda v: float((v.double() - ref).norm() / ref.norm())  # noqa: E731
+    assert err(gw) <= 2 * err(torch_way) + 1e-6, (name, err(gw), err(torch_way))
+    assert torch.isnan(buf[:, k:]).all(), "wrote past grad_weight"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_rule_takes_batched_split_k_for_a_long_k_weight_gradient(dtype, gen):
+    """The rule's batched split-K (v0.42): 16 tiles of 128x128 over 16384 tokens run on the
+    float32-output kernel (the 16-bit output's own kernels are the plain stream-K plan)."""
+    needs_sm90()
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the expected plan is that of a 132-SM GPU")
+    args = gemm_args("linear_wgrad", 16384, 256, 1024, dtype, "contig", gen)
+    ours = run_ours("linear_wgrad", args)
+    name = ops.last_kernel_name()
+    assert BATCHED_SPLIT_KERNEL in name and ours.dtype == dtype, name
+    check_close(ours, run_torch("linear_wgrad", args), run_torch("linear_wgrad", to64(args)),
+                FLOOR_16, f"linear_wgrad 16384 x 256 x 1024 {dtype}")
+
+
+def test_batched_split_k_that_does_not_fit_runs_the_rule(gen):
+    """A forced batched split-K the problem cannot take (the forward's layout; K not a multiple
+    of the slices) runs the rule's kernel, with the same result."""
+    needs_sm90()
+    for op, shape in (("linear_nobias", (256, 1024, 4096)), ("linear_wgrad", (4095, 256, 1024))):
+        args = gemm_args(op, *shape, torch.bfloat16, "contig", gen)
+        rule = run_ours(op, args)
+        rule_name = ops.last_kernel_name()
+        with forced_config(-1, 0, -8):
+            ours = run_ours(op, args)
+            name = ops.last_kernel_name()
+        assert name == rule_name and BATCHED_SPLIT_KERNEL not in name, (op, name)
+        assert torch.equal(ours, rule), op
+
+
+def test_set_gemm_config_takes_batched_splits():
+    previous = torch.ops.cutlass_nn._set_gemm_config(-1, 0, -8)
+    try:
+        assert list(torch.ops.cutlass_nn._set_gemm_config(-1, 0, -64)) == [-1, 0, -8]
+        with pytest.raises(RuntimeError, match=r"_set_gemm_config: argument 'splits'"):
+            torch.ops.cutlass_nn._set_gemm_config(-1, 0, -1)
+        with pytest.raises(RuntimeError, match=r"_set_gemm_config: argument 'splits'"):
+            torch.ops.cutlass_nn._set_gemm_config(-1, 0, -65)
+    finally:
+        torch.ops.cutlass_nn._set_gemm_config(*previous)

@@ -88,7 +88,8 @@ RULE_CASES = {
     # differently from v0.22's 128x64 tiles with a 1x2 cluster
     ("fwd", 1344, 704, 1024): (13, 2, 0, False),
     ("fwd", 2112, 512, 4096): (13, 1, 0, False),  # 33 x 4 = 132 64x128 tiles (one_wave: not in place of 13)
-    ("wgrad", 256, 1024, 16384): (2, 0, 4, False),  # beyond 8192 tokens: not measured, split-K
+    # 16 tiles over K = 16384: batched split-K into 8 slices of 2048 (v0.42, pending its sweep)
+    ("wgrad", 256, 1024, 16384): (2, 0, -8, False),
     # the 128x192 tile (v0.10); without a cluster (config 1) for the weight gradient over
     # 2048-4096 tokens (v0.30: 2816 x 1024 over 4096 tokens 0.976 vs 0.853 for stream-K)
     ("wgrad", 1024, 2816, 4096): (1, 2, 0, False),  # 120 tiles: 91% of one wave
@@ -121,7 +122,9 @@ RULE_CASES = {
     ("fwd", 4096, 768, 3072): (10, 4, 0, False),  # in place of the transposed problem
     ("dgrad", 4096, 3584, 3584): (3, 0, 0, False),  # 5 waves of 192 vs 4 of 256; v0.40: 7 of 128
     ("fwd", 16384, 128, 8192): (15, 2, 0, False),  # 128 tiles: v0.40 one_wave (0.972 vs 0.787)
-    ("wgrad", 3072, 768, 512): (10, 4, 0, False),  # rule: transposed, which wgrad cannot be
+    # rule: transposed, which wgrad cannot be; v0.43: 96 tiles of 128x192 (73% of a wave) where
+    # 144 of 128x128 spill into a second wave: config 1
+    ("wgrad", 3072, 768, 512): (1, 2, 0, False),
     # config 0 and its swizzle (v0.10): 2 from 48 tiles along the grid's shorter side
     ("fwd", 16384, 18944, 3584): (0, 2, 0, False),
     ("fwd", 16384, 14336, 4096): (0, 2, 0, False),
@@ -271,7 +274,9 @@ def test_rule_at_transformer_shapes(harness, case):
     op, m, n, k = case
     got = plan(harness, op, m, n, k)
     assert (got.config, got.swizzle, got.splits, got.transposed) == RULE_CASES[case], got
-    assert got.kernel.startswith("sm90_tma_ws_bf16_bf16_"), got
+    # bf16 out: the input dtype's kernels, or the float32 partial products of a batched split-K
+    assert got.kernel.startswith("sm90_tma_ws_bf16_bf16_") or (
+        got.splits < 0 and got.kernel == BATCHED_PARTIALS_KERNEL), got
     assert ("swapab" in got.kernel) == got.transposed, got
 
 
@@ -479,3 +484,95 @@ def test_kernels_without_c_only_where_built(harness):
     # a float32 output (the main-gradient wgrad) has no kernel without C
     f32 = plan(harness, "wgrad", 4096, 4096, 1024, out_f32=True, config=3)
     assert "_noc_" not in f32.kernel and "bf16_f32" in f32.kernel
+
+
+BATCHED_PARTIALS_KERNEL = "sm90_tma_ws_bf16_f32_nt_128x128x64_1x1x1_coop_streamk"
+
+
+def test_batched_split_k_rule_and_its_domain(harness):
+    """The rule's batched split-K (v0.42): the weight gradient's layout, at most a quarter wave
+    of 128x128 tiles, K >= 8192; as many slices as fill a wave, each >= 2048 deep, dividing K;
+    config 2's float32-output kernel computes the slices, whatever the output dtype."""
+    for out_f32 in (False, True):
+        got = plan(harness, "wgrad", 256, 1024, 16384, out_f32=out_f32)
+        assert (got.config, got.splits, got.kernel) == (2, -8, BATCHED_PARTIALS_KERNEL), got
+    # beta = 1 accumulation (the reduction adds C)
+    assert plan(harness, "wgrad", 256, 1024, 16384, c_mode=2).splits == -8
+    assert plan(harness, "wgrad", 256, 1024, 12288).splits == -6  # K / 2048 slices
+    assert plan(harness, "wgrad", 256, 1024, 16384, sms=114).splits == -4  # 7 and 5, 6 do not divide
+    # outside the domain: no batched split-K
+    assert plan(harness, "wgrad", 256, 1024, 8191).splits >= 0  # K < 8192
+    assert plan(harness, "wgrad", 128, 8192, 16384).splits >= 0  # 64 tiles: over a quarter wave
+    assert plan(harness, "fwd", 256, 1024, 16384).splits >= 0  # not the weight gradient's layout
+    assert plan(harness, "dgrad", 256, 1024, 16384).splits >= 0
+    assert plan(harness, "wgrad", 256, 1022, 16384).splits >= 0  # N not a multiple of 4
+
+
+def test_batched_split_k_forced_and_its_fallback(harness):
+    """splits < 0 forces the batched split-K where it fits; where it does not (another layout, K
+    not a multiple of the slices) the rule's own plan runs, never a negative split."""
+    assert plan(harness, "wgrad", 768, 3072, 4096, splits=-4).splits == -4
+    assert plan(harness, "wgrad", 256, 1024, 16384, splits=-16).splits == -16
+    rule = plan(harness, "wgrad", 256, 1024, 16383)  # 16383 = 3 x 43 x 127: three slices
+    assert (rule.splits, rule.kernel) == (-3, BATCHED_PARTIALS_KERNEL)
+    forced = plan(harness, "wgrad", 256, 1024, 16383, splits=-8)  # 16383 % 8 != 0: the rule's
+    assert forced == rule
+    odd = plan(harness, "wgrad", 256, 1024, 16381)  # a prime: no split divides it
+    assert odd.splits >= 0 and odd == plan(harness, "wgrad", 256, 1024, 16381, splits=-8)
+    fwd_rule = plan(harness, "fwd", 256, 1024, 16384)
+    fwd = plan(harness, "fwd", 256, 1024, 16384, splits=-8)
+    assert fwd.splits >= 0 and fwd.kernel == fwd_rule.kernel
+    # at most 1 GiB of partial products: 4096 x 4096 in 8 slices (512 MiB), not in 64 (4 GiB)
+    assert plan(harness, "wgrad", 4096, 4096, 8192, splits=-8).splits == -8
+    assert plan(harness, "wgrad", 4096, 4096, 8192, splits=-64).splits >= 0
+    # a forced configuration or split keeps the rule's batched split-K out
+    assert plan(harness, "wgrad", 256, 1024, 16384, config=2).splits >= 0
+    assert plan(harness, "wgrad", 256, 1024, 16384, splits=4).splits == 4
+
+
+# v0.43 (gemm_dispatch.cu: tile64x128_takes_long_wgrad, tile192_no_cluster_takes_short_wgrad)
+V043_CASES = {
+    # one wave of 64x128 tiles over a long K, in place of config 11 / split-K / stream-K: the
+    # 128 x 8192 weight gradient over 4096 and 16384 tokens (the small-M fallback's, since a
+    # weight gradient cannot run transposed)
+    ("wgrad", 128, 8192, 4096): (13, 0, 0, False),
+    ("wgrad", 128, 8192, 16384): (13, 0, 0, False),
+    ("wgrad", 128, 8192, 512): (11, 0, 0, False),  # K < 4096: config 11 stays (5.27 vs 5.05)
+    ("wgrad", 128, 8192, 32768): (2, 0, 2, False),  # K > 16384: not measured, stream-K
+    ("wgrad", 256, 1024, 4096): (11, 0, 0, False),  # 32 tiles of 64x128: a quarter wave
+    ("wgrad", 256, 1024, 16384): (2, 0, -8, False),  # the batched split-K (v0.42) stays
+    # the 256x128 / 128x256 tiles' outputs are not taken (the H100 had config 13 behind there:
+    # 3072 x 1024 over 4096 tokens 0.699 vs 0.782-0.794)
+    ("wgrad", 3072, 1024, 4096): (14, 2, 0, False),
+    ("wgrad", 3072, 1024, 16384): (0, 0, 0, False),
+    ("fwd", 128, 8192, 4096): (7, 0, 0, True),  # not the weight gradient's layout: transposed
+    # config 1 for the weight gradient over <= 512 tokens: 128x192 tiles filling 70-100% of a
+    # wave where 128x128 tiles spill under a quarter of a second one
+    ("wgrad", 768, 3072, 512): (1, 2, 0, False),  # 6 x 16 = 96 tiles; 144 of 128x128
+    ("wgrad", 3072, 768, 512): (1, 2, 0, False),
+    ("wgrad", 768, 3072, 256): (1, 2, 0, False),  # any K up to 512
+    ("wgrad", 768, 3072, 1024): (0, 0, 0, False),  # K > 512: the rule's choice before v0.43
+    ("wgrad", 2816, 1024, 512): (15, 2, 0, False),  # 176 tiles of 128x128: a third of a wave more
+    ("wgrad", 1024, 2816, 512): (15, 2, 0, False),
+    ("wgrad", 2304, 768, 512): (15, 2, 0, False),  # 72 tiles of 128x192: under 70%
+    ("wgrad", 3072, 1024, 512): (15, 2, 0, False),  # 144 tiles of 128x192: over a wave
+    ("fwd", 768, 3072, 512): (7, 0, 0, True),  # not the weight gradient's layout: transposed
+}
+
+
+@pytest.mark.parametrize("case", sorted(V043_CASES), ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}x{c[3]}")
+def test_v043_weight_gradient_clauses(harness, case):
+    op, m, n, k = case
+    got = plan(harness, op, m, n, k)
+    assert (got.config, got.swizzle, got.splits, got.transposed) == V043_CASES[case], got
+
+
+def test_v043_clauses_leave_float32_outputs_and_other_sm_counts_sane(harness):
+    # the 16-bit-only configurations never reach a float32 output (main-gradient accumulation)
+    for m, n, k in [(128, 8192, 4096), (768, 3072, 512), (3072, 768, 512)]:
+        got = plan(harness, "wgrad", m, n, k, out_f32=True)
+        assert got.config not in (1, 13) and "bf16_f32_nt" in got.kernel, (m, n, k, got)
+    # on 114 SMs (H100 PCIe) the wave bounds move with the SM count: 96 tiles of 128x192 fill
+    # 84% of a wave and 144 of 128x128 spill 30 tiles (over a quarter): config 1 is not taken
+    got = plan(harness, "wgrad", 768, 3072, 512, sms=114)
+    assert got.config != 1, got

@@ -77,7 +77,7 @@ bool eligible(const GemmParams& p) {
     return false;
   }
   if (kernels::has_fused_epilogue(p) || p.d_column_major || p.alpha != 1.0f) return false;
-  if (p.sm90_config >= 0 || p.swizzle > 0 || p.splits > 0) return false;  // forced (sweep)
+  if (p.sm90_config >= 0 || p.swizzle > 0 || p.splits != 0) return false;  // forced (sweep)
   if (p.m > INT_MAX || p.n > INT_MAX || p.k > INT_MAX) return false;
   return double(p.m) * double(p.n) * double(p.k) >= kMinTuneWork;
 }
@@ -393,6 +393,12 @@ std::optional<Entry> tune(const GemmParams& like_p, const at::Tensor& like, cuda
     q.swizzle = cand[2];
     const GemmPlan plan = kernels::plan_gemm(q);
     if (plan.kernel == nullptr) {
+      if (cand[0] < 0) return std::nullopt;
+      continue;
+    }
+    // The rule's batched split-K (the long-K weight gradients with few output tiles) is not
+    // tuned: none of the candidates splits that way, so the rule's plan stays.
+    if (plan.k_slices > 1) {
       if (cand[0] < 0) return std::nullopt;
       continue;
     }

@@ -97,8 +97,9 @@ void run_planned(const char* op, const kernels::GemmPlan& plan, const at::Tensor
                              plan.workspace_bytes, stream, &detail);
   g_last_kernel = plan.name;
   const bool has_detail = detail != nullptr && *detail != '\0';
-  // The problem as the caller posed it (the plan may hold the transposed one).
-  const kernels::GemmParams& p = plan.params;
+  // The problem as the caller posed it (the plan may hold the transposed one, or a batched
+  // split-K's partial products, with the caller's problem in plan.output).
+  const kernels::GemmParams& p = plan.k_slices > 1 ? plan.output : plan.params;
   const int64_t m = p.d_column_major ? p.n : p.m, n = p.d_column_major ? p.m : p.n;
   TORCH_CHECK(status == kernels::GemmStatus::kSuccess, "cutlass_nn.", op, ": GEMM failed (",
               kernels::gemm_status_string(status), has_detail ? ": " : "", has_detail ? detail : "",
@@ -464,8 +465,9 @@ std::vector<int64_t> set_gemm_config(int64_t config, int64_t swizzle, int64_t sp
   TORCH_CHECK(swizzle >= 0 && swizzle <= 8,
               "cutlass_nn._set_gemm_config: argument 'swizzle' must be 0 (automatic) to 8, got ",
               std::to_string(swizzle));
-  TORCH_CHECK(splits >= 0 && splits <= 64,
-              "cutlass_nn._set_gemm_config: argument 'splits' must be 0 (automatic) to 64, got ",
+  TORCH_CHECK(splits >= -64 && splits <= 64 && splits != -1,
+              "cutlass_nn._set_gemm_config: argument 'splits' must be 0 (automatic), 1 to 64 "
+              "(stream-K split-K) or -64 to -2 (batched split-K), got ",
               std::to_string(splits));
   const int previous_config = g_sm90_config.exchange(static_cast<int>(config));
   const int previous_swizzle = g_swizzle.exchange(static_cast<int>(swizzle));

@@ -16,6 +16,11 @@
 //                     f64 DMMA: 1).
 //   3. kSm80Simt      fp32 (IEEE, or TF32 requested but nothing tensor-op fits).
 //   4. kFallback      any alignment / layout (A ColumnMajor with B ColumnMajor excepted).
+//
+// Batched split-K (GemmParams::splits < 0, or batched_k_slices() for the weight gradient's long-K
+// problems with few output tiles): the SM90 float32-output kernel of config 2 runs the K slices
+// as a batch of independent GEMMs into fp32 slices of the workspace, and reduce_k_slices()
+// (split_k_reduce.h) sums them into the caller's D.
 #include <algorithm>
 #include <array>
 #include <climits>
@@ -25,6 +30,7 @@
 
 #include "gemm_params.h"
 #include "gemm_registry.h"
+#include "split_k_reduce.h"
 
 namespace cutlass_nn {
 namespace kernels {
@@ -591,6 +597,10 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     with a swizzle of 2 from half a wave to a wave of 128x128 tiles, at two waves, and for the
 //     weight gradient over at most 512 tokens; config 1 for the wide data-parallel forward and
 //     dgrad; config 3 where its waves cost less than the 128x192 tile's.
+//   * v0.43: two weight-gradient clauses in with_wave_fill, ahead of the others: config 13 where
+//     its 64x128 tiles fill one wave over 4096 <= K <= 16384 in place of config 11 / split-K
+//     (tile64x128_takes_long_wgrad), config 1 over K <= 512 where its 128x192 tiles fill 70-100%
+//     of a wave and 128x128 tiles spill a little into a second (tile192_no_cluster_takes_short_wgrad).
 namespace {
 
 // The transposed configuration (4-7, 16) for a problem under 3/4 of a wave of 128x256 tiles that no
@@ -694,9 +704,55 @@ Sm90Choice choose_sm90_config_before_wave_fill(const GemmParams& p) {
 // weight gradient's layout always: 1024 x 2816 x 512 0.927 vs 0.868 on config 14);
 // `rule_transposes` says the rule chose the transposed problem (so the forward's K <= 1024
 // exception holds in that fallback too: 512 x 4096 x 1024 with beta = 1 keeps the row-major tile).
+// v0.43: the weight gradient of one wave of config 13's 64x128 tiles (swizzle 1) over
+// 4096 <= K <= 16384, where the rule picks config 11's whole-K 64x64 tiles or the 128x128 split-K
+// / stream-K tile; 16-bit, input dtype out (with_wave_fill checks those). H200 sweeps
+// (results/sweep_nvidia-h200_20261202-121720 / -122047.json): the 128 x 8192 weight gradient over
+// 4096 tokens 0.927 vs 0.836-0.847 for config 11, over 16384 tokens 0.987 vs 0.900 for stream-K;
+// the H100 (results/sweep_nvidia-h100-80gb-hbm3_20261207-070256.json): 0.950 vs 0.897 and 0.990
+// vs 0.849. Over 512 tokens config 11 stays ahead (5.27 vs 5.05); other outputs of one wave of
+// 64x128 tiles already take config 13. Not the outputs where 256x128 / 128x256 tiles leave most
+// SMs idle (3072 x 1024 over 4096 / 16384 tokens): config 13 was ahead there on the H200
+// (0.879-0.919 vs 0.822-0.842) but far behind on the H100 (0.677 / 0.579 vs 0.794-0.837).
+bool tile64x128_takes_long_wgrad(const GemmParams& p, const Sm90Choice& before, int64_t sms) {
+  const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
+  if (!wgrad_layout || p.k < 4096 || p.k > 16384) return false;
+  const int64_t tiles64 = scheduled_tiles(ceil_div(p.m, 64), ceil_div(p.n, 128), 1, 1, 1);
+  if (before.config == kSmallWgradConfig || before.config == 2) {
+    return tiles64 <= sms && tiles64 * 20 >= sms * 17;
+  }
+  return false;
+}
+
+// v0.43: the weight gradient over at most 512 tokens on config 1's 128x192 tiles (no cluster,
+// tile192_no_cluster_choice) where those fill 70-100% of one wave and 128x128 tiles would spill
+// under a quarter of a second wave (config 15 then runs two rounds of tiles for 1.1 waves of
+// work). Config 1 at swizzle 2 against the rule's choice in three H200 sweeps at 512 tokens
+// (results/sweep_nvidia-h200_20261202-121720 / -122047 / -161547.json): 3072 x 768 (144 tiles of
+// 128x128) 0.781 / 0.926 / 0.806 vs 0.765 / 0.857 / 0.764 on config 10; 768 x 3072 (144) 0.799 /
+// 0.824 / 0.814 vs 0.814 / 0.804 / 0.741 on config 15. With more of a second wave (176 tiles:
+// 2816 x 1024 0.821 / 0.861 / 0.906 vs 0.878 / 0.888 / 0.831, 1024 x 2816 0.873 / 0.924 / 0.958
+// vs 0.897 / 0.927 / 0.934) the sweeps disagree, and those keep config 15; where config 1's tiles
+// fill less (2304 x 768, 72 tiles: 0.852 vs 1.022) or more than a wave (3072 x 1024, 144 tiles:
+// 0.626 vs 0.914) it lost.
+bool tile192_no_cluster_takes_short_wgrad(const GemmParams& p, int64_t sms) {
+  const bool wgrad_layout = p.layout_a == Layout::kColumnMajor && p.layout_b == Layout::kRowMajor;
+  if (!wgrad_layout || p.k > 512) return false;
+  const int64_t tiles192 = scheduled_tiles(ceil_div(p.m, 128), ceil_div(p.n, 192), 1, 1, 1);
+  const int64_t tiles128 = ceil_div(p.m, 128) * ceil_div(p.n, 128);
+  return tiles192 <= sms && tiles192 * 10 >= sms * 7 && tiles128 > sms && tiles128 * 4 <= sms * 5;
+}
+
 Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before, bool rule_transposes) {
   const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   if (!is_16bit(p.dtype_ab) || p.dtype_cd != p.dtype_ab || has_fused_epilogue(p)) return before;
+  Sm90Choice c;
+  // v0.43 first: its weight gradients include the small-M fallback's (128 x 8192).
+  if (tile64x128_takes_long_wgrad(p, before, sms)) {
+    c.config = kTile64x128Config;
+    return c;
+  }
+  if (tile192_no_cluster_takes_short_wgrad(p, sms)) return tile192_no_cluster_choice(p, sms);
   if (p.m <= 128 && p.n >= 1024) return before;
   const bool forward_layout = p.layout_a == Layout::kRowMajor && p.layout_b == Layout::kColumnMajor;
   const bool dgrad_layout = p.layout_a == Layout::kRowMajor && p.layout_b == Layout::kRowMajor;
@@ -717,7 +773,6 @@ Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before, bool ru
                          !(dgrad_layout && p.k <= 1024);
   const bool short_wgrad = wgrad_layout && p.k <= 512 &&
                            (before.config == 0 || before.config == kTile256x128Config);
-  Sm90Choice c;
   if (one_wave || two_waves || short_wgrad) {
     c.config = kPingpongNoClusterConfig;
     c.swizzle = swizzle_adds_wave(rows, cols, 1, 1, 2, sms) ? 0 : 2;
@@ -916,8 +971,119 @@ GemmPlan finish_plan(const GemmParams& p, const KernelEntry* e) {
 
 namespace {
 
+// ---- batched split-K -------------------------------------------------------------------------
+// The configuration whose float32-output kernels compute the partial products: config 2, the
+// 128x128 cooperative tile without a cluster, run data-parallel (one tile per CTA, no fixup).
+constexpr int kBatchedSplitConfig = 2;
+// The partial products' offset alignment in the workspace (and the kernel workspace's after them).
+constexpr size_t kPartialsAlignment = 256;
+// Where the partial GEMM's C and D stand while it is only planned: a non-null, 256-byte aligned
+// address that is never dereferenced (run_gemm_plan puts the workspace there).
+void* const kPartialsPlaceholder = reinterpret_cast<void*>(uintptr_t(kPartialsAlignment));
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+// Whether params p (normalized) can run as `slices` batched K slices: 16-bit A and B in the
+// weight gradient's layout (A column-major, B row-major; the only layout measured), 16-byte
+// aligned with leading dimensions of whole 16-byte vectors (TMA, also for each slice's start),
+// K a multiple of `slices`, N a multiple of 4 (the fp32 slices' rows are 16-byte vectors), no
+// fused epilogue, on SM90. The output (C, D) may have any alignment: the reduction writes it.
+bool batched_split_fits(const GemmParams& p, int slices) {
+  if (slices < 2 || p.sm != 90 || p.arch_path != ArchPath::kAuto) return false;
+  if (!is_16bit(p.dtype_ab) || !valid_dtypes(p.dtype_ab, p.dtype_cd) || has_fused_epilogue(p)) {
+    return false;
+  }
+  if (p.layout_a != Layout::kColumnMajor || p.layout_b != Layout::kRowMajor) return false;
+  if (p.m < 1 || p.n < 1 || p.k < slices || p.k % slices != 0 || p.n % 4 != 0) return false;
+  // At most 1 GiB of partial products (a forced -64 slices of a large output would ask for more).
+  if (p.m > INT_MAX || p.n > INT_MAX || p.k > INT_MAX ||
+      p.m * p.n > (int64_t(1) << 30) / int64_t(sizeof(float)) / slices) {
+    return false;
+  }
+  if (p.lda % 8 != 0 || p.ldb % 8 != 0 || !aligned16(p.a) || !aligned16(p.b)) return false;
+  return p.a != nullptr && p.b != nullptr && p.d != nullptr;
+}
+
+// Bytes of the fp32 partial products of p over `slices` slices, rounded up to the alignment.
+size_t partials_bytes(const GemmParams& p, int slices) {
+  const size_t bytes = sizeof(float) * static_cast<size_t>(p.m) * static_cast<size_t>(p.n) *
+                       static_cast<size_t>(slices);
+  return (bytes + kPartialsAlignment - 1) / kPartialsAlignment * kPartialsAlignment;
+}
+
+// The GEMM of the partial products of p (batched_split_fits(p, slices)): batch l is
+// alpha * A[:, l kc : (l + 1) kc] @ B[l kc : (l + 1) kc, :] with kc = K / slices, written as
+// fp32 into slice l (m x n, row-major, contiguous) of the partials; C and D at the placeholder.
+GemmParams batched_partials(const GemmParams& p, int slices) {
+  GemmParams q = p;
+  const int64_t kc = p.k / slices;
+  q.k = kc;
+  q.batch = slices;
+  q.batch_stride_a = kc * p.lda;  // A column-major: (i, k) at i + k * lda
+  q.batch_stride_b = kc * p.ldb;  // B row-major: (k, j) at k * ldb + j
+  q.dtype_cd = DType::kFloat32;
+  q.c = q.d = kPartialsPlaceholder;
+  q.ldc = q.ldd = p.n;
+  q.batch_stride_d = p.m * p.n;
+  q.c_row_broadcast = false;
+  q.beta = 0.0f;
+  q.activation = Activation::kIdentity;
+  q.aux = nullptr;
+  q.ldaux = 0;
+  q.sm90_config = kBatchedSplitConfig;
+  q.swizzle = 0;
+  q.splits = 1;  // data-parallel: each CTA one whole tile of one slice
+  q.epilogue_without_c = false;  // the float32-output kernels all take a C operand
+  return q;
+}
+
+// The rule's batched split-K (v0.42): the weight gradient's layout with at most a quarter wave
+// of 128x128 output tiles over K >= 8192 (16384 x 256 x 1024: 16 tiles over 16384 tokens, 0.575
+// of cuBLAS on the H200 on the stream-K tile, whose split-K reduces a tile's splits one after
+// another; batched into 8 slices 0.995-1.021 on an H100, 2026-12-07, against 0.75-0.77 there
+// before: results/gpu_check_2026-12-07_h100_batched_splitk_rule_v043.md): as many slices as
+// fill one wave of tiles, each at least 2048 deep, K a multiple of their number. 0: no batched
+// split-K.
+int batched_k_slices(const GemmParams& p) {
+  if (p.layout_a != Layout::kColumnMajor || p.layout_b != Layout::kRowMajor) return 0;
+  const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
+  const int64_t tiles = ceil_div(p.m, 128) * ceil_div(p.n, 128);
+  if (tiles * 4 > sms || p.k < 8192) return 0;
+  int64_t slices = std::min<int64_t>(sms / tiles, p.k / 2048);
+  while (slices > 1 && p.k % slices != 0) --slices;
+  return slices >= 2 && batched_split_fits(p, static_cast<int>(slices))
+             ? static_cast<int>(slices)
+             : 0;
+}
+
+// The plan of p as `slices` batched K slices, or a plan without a kernel where config 2 has no
+// float32-output SM90 kernel for it.
+GemmPlan batched_split_plan(const GemmParams& p, int slices) {
+  const GemmParams q = batched_partials(p, slices);
+  const KernelEntry* e = select_kernel(q);
+  if (e == nullptr || e->family != KernelFamily::kSm90TmaWs) return GemmPlan{};
+  GemmPlan plan = finish_plan(q, e);
+  plan.workspace_bytes += partials_bytes(p, slices);
+  plan.k_slices = slices;
+  plan.output = p;
+  return plan;
+}
+
 // The selection itself, for normalized params p (d_column_major false).
 GemmPlan plan_normalized(GemmParams p) {
+  // Batched split-K: forced (splits < 0), else the rule's where no configuration, swizzle or
+  // positive split is forced (a forced one that does not fit falls back to the rule's choice).
+  int slices = 0;
+  if (p.splits < 0 && batched_split_fits(p, -p.splits)) {
+    slices = -p.splits;
+  } else if (p.splits <= 0 && p.sm90_config < 0 && p.swizzle == 0) {
+    slices = batched_k_slices(p);
+  }
+  if (slices > 1) {
+    GemmPlan plan = batched_split_plan(p, slices);
+    if (plan.kernel != nullptr) return plan;
+  }
+  if (p.splits < 0) p.splits = 0;  // batched split-K does not apply here: the rule's split
   const bool splits_forced = p.splits > 0;
   const bool swizzle_forced = p.swizzle > 0;
   const Sm90Choice c = resolve_sm90(p);
@@ -984,6 +1150,7 @@ struct CachedPlan {
   bool transposed;  // the plan runs D^T = B^T A^T
   int sm90_config, swizzle, splits;
   size_t workspace_bytes;
+  int k_slices;  // > 1: batched split-K (the plan's params are batched_partials of the problem)
 };
 
 int64_t pointer_class(const void* ptr) {
@@ -1041,6 +1208,16 @@ GemmPlan plan_gemm(const GemmParams& params) {
   const auto hit = cache.find(key);
   if (hit != cache.end()) {
     const CachedPlan& c = hit->second;
+    if (c.k_slices > 1) {
+      GemmPlan plan;
+      plan.params = batched_partials(p, c.k_slices);
+      plan.kernel = c.kernel;
+      plan.name = c.kernel->name;
+      plan.workspace_bytes = c.workspace_bytes;
+      plan.k_slices = c.k_slices;
+      plan.output = p;
+      return plan;
+    }
     p.sm90_config = c.sm90_config;
     p.swizzle = c.swizzle;
     p.splits = c.splits;
@@ -1057,7 +1234,7 @@ GemmPlan plan_gemm(const GemmParams& params) {
   // The transposed problem keeps the configuration fields of the problem it came from.
   cache.emplace(key, CachedPlan{static_cast<const KernelEntry*>(plan.kernel), is_transposed,
                                 plan.params.sm90_config, plan.params.swizzle, plan.params.splits,
-                                plan.workspace_bytes});
+                                plan.workspace_bytes, plan.k_slices});
   return plan;
 }
 
@@ -1121,6 +1298,28 @@ GemmStatus run_gemm_plan(const GemmPlan& plan, void* workspace, size_t workspace
                 "column-major)";
     }
     return GemmStatus::kUnsupported;
+  }
+  if (plan.k_slices > 1) {
+    // The partial products first in the workspace, the kernel's own workspace after them.
+    const size_t partials = partials_bytes(plan.output, plan.k_slices);
+    if (workspace == nullptr || workspace_bytes < plan.workspace_bytes ||
+        (reinterpret_cast<uintptr_t>(workspace) % kPartialsAlignment) != 0) {
+      if (detail != nullptr) {
+        *detail = "the batched split-K needs the plan's workspace, 256-byte aligned";
+      }
+      return GemmStatus::kWorkspaceTooSmall;
+    }
+    GemmParams q = plan.params;
+    q.c = q.d = workspace;
+    const GemmStatus status = e->fn(q, static_cast<char*>(workspace) + partials,
+                                    workspace_bytes - partials, stream, detail, nullptr);
+    if (status != GemmStatus::kSuccess) return status;
+    const GemmStatus reduced =
+        reduce_k_slices(static_cast<const float*>(workspace), plan.k_slices, plan.output, stream);
+    if (reduced != GemmStatus::kSuccess && detail != nullptr) {
+      *detail = "the batched split-K's reduction kernel did not launch";
+    }
+    return reduced;
   }
   return e->fn(plan.params, workspace, workspace_bytes, stream, detail, nullptr);
 }

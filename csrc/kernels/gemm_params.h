@@ -85,6 +85,11 @@ struct GemmParams {
   int swizzle = 0;
   // K decomposition of the stream-K configurations: 0 = the rule's choice, 1 = data-parallel
   // (no split), s > 1 = split-K into s slices (reduced deterministically in the workspace).
+  // s < 0 = batched split-K into -s slices where the problem allows it (16-bit A and B in the
+  // weight gradient's layout, 16-byte aligned, K a multiple of -s, no fused epilogue; else the
+  // rule's choice): -s independent GEMMs over consecutive K ranges write fp32 partial products
+  // into the workspace and a second kernel sums them into D in a fixed order (no inter-CTA
+  // waits, unlike the stream-K split, whose splits of a tile reduce one after another).
   int splits = 0;
   // Whether a plain product (beta == 0, no bias, no activation) may run on a kernel without a C
   // operand (EpilogueKind::kLinCombNoC) where its configuration has one. Off: the kLinComb
@@ -95,6 +100,11 @@ struct GemmParams {
   // problem D^T = B^T A^T of a small-M GEMM, so C and D are ColumnMajor (element (i, j) at
   // d[i + j * ldd]) and a broadcast bias (c_row_broadcast) holds one value per row i.
   bool d_column_major = false;
+  // Set by the dispatcher only (callers leave the defaults): the params describe `batch` GEMMs
+  // (CUTLASS's L mode), batch l's A, B and D at a, b, d plus l times the strides (in elements).
+  // The batched split-K's partial products: batch l is the K range [l k, (l + 1) k).
+  int batch = 1;
+  int64_t batch_stride_a = 0, batch_stride_b = 0, batch_stride_d = 0;
 };
 
 // True when params ask for a fused epilogue (an activation or an aux output).
@@ -141,7 +151,12 @@ struct GemmPlan {
   GemmParams params;             // as the kernel runs it (normalized; maybe the transposed problem)
   const void* kernel = nullptr;  // the registry row (opaque); nullptr: no kernel fits
   const char* name = "";         // the kernel's name ("" if none)
-  size_t workspace_bytes = 0;    // device workspace the kernel needs
+  size_t workspace_bytes = 0;    // device workspace the kernel needs (and the partial products)
+  // Batched split-K (k_slices > 1): `params` is the GEMM of the fp32 partial products (its C
+  // and D are placed in the workspace by run_gemm_plan), `output` the caller's normalized
+  // problem, whose D the reduction pass writes (with its C, beta or bias, and dtype).
+  int k_slices = 0;
+  GemmParams output;
 };
 GemmPlan plan_gemm(const GemmParams& params);
 

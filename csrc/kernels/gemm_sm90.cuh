@@ -399,21 +399,23 @@ struct Sm90Gemm {
   using StrideC = typename Gemm::GemmKernel::StrideC;
   using StrideD = typename Gemm::GemmKernel::StrideD;
 
-  // All strides are int64_t (64-bit offsets); the batch (L) stride is 0 since L == 1.
+  // All strides are int64_t (64-bit offsets); the batch (L) strides are p.batch_stride_* (0 for
+  // the single GEMM, p.batch == 1; the batched split-K's partial products otherwise, which have a
+  // row-major D and no bias, aux or fused epilogue: those paths below keep a batch stride of 0).
   static typename Gemm::Arguments make_arguments(const GemmParams& p) {
     using cute::_1;
     StrideA stride_a;
     if constexpr (std::is_same<LayoutA, cutlass::layout::RowMajor>::value) {
-      stride_a = cute::make_stride(p.lda, _1{}, int64_t(0));  // (m, k): k contiguous
+      stride_a = cute::make_stride(p.lda, _1{}, p.batch_stride_a);  // (m, k): k contiguous
     } else {
-      stride_a = cute::make_stride(_1{}, p.lda, int64_t(0));  // (m, k): m contiguous
+      stride_a = cute::make_stride(_1{}, p.lda, p.batch_stride_a);  // (m, k): m contiguous
     }
     // CUTLASS 3.x views B as n x k.
     StrideB stride_b;
     if constexpr (std::is_same<LayoutB, cutlass::layout::ColumnMajor>::value) {
-      stride_b = cute::make_stride(p.ldb, _1{}, int64_t(0));  // element (k, n) at k + n * ldb
+      stride_b = cute::make_stride(p.ldb, _1{}, p.batch_stride_b);  // element (k, n) at k + n * ldb
     } else {
-      stride_b = cute::make_stride(_1{}, p.ldb, int64_t(0));  // element (k, n) at k * ldb + n
+      stride_b = cute::make_stride(_1{}, p.ldb, p.batch_stride_b);  // element (k, n) at k * ldb + n
     }
     StrideC stride_c;
     StrideD stride_d;
@@ -421,8 +423,10 @@ struct Sm90Gemm {
       stride_c = cute::make_stride(_1{}, p.ldc, int64_t(0));  // (m, n): m contiguous
       stride_d = cute::make_stride(_1{}, p.ldd, int64_t(0));
     } else {
-      stride_c = cute::make_stride(p.ldc, _1{}, int64_t(0));  // (m, n): n contiguous
-      stride_d = cute::make_stride(p.ldd, _1{}, int64_t(0));
+      // C shares D's batch stride: the batched partial products read no C (beta = 0), but its
+      // TMA descriptor spans the same batches.
+      stride_c = cute::make_stride(p.ldc, _1{}, p.batch_stride_d);  // (m, n): n contiguous
+      stride_d = cute::make_stride(p.ldd, _1{}, p.batch_stride_d);
     }
 
     cutlass::KernelHardwareInfo hw_info;
@@ -436,7 +440,7 @@ struct Sm90Gemm {
     const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
-        {m, n, k, 1},
+        {m, n, k, p.batch},
         {static_cast<const ElementAB*>(p.a), stride_a, static_cast<const ElementAB*>(p.b),
          stride_b},
         {{}, kWithoutC ? nullptr : static_cast<const ElementCD*>(p.c), stride_c,

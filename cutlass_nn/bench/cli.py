@@ -113,9 +113,16 @@ def parse_swizzles(text: str) -> list[int]:
 
 
 def parse_splits(text: str) -> list[int]:
-    """``--sweep-splits``: comma-separated non-negative integers (0 = the rule's choice, 1 = no
-    split, s > 1 = split-K into s pieces)."""
-    return parse_swizzles(text)
+    """``--sweep-splits``: comma-separated integers (0 = the rule's choice, 1 = no split, s > 1 =
+    the stream-K scheduler's split-K into s pieces, s <= -2 = batched split-K into -s slices)."""
+    items = [t.strip() for t in text.split(",")]
+    if not items or not all(t.lstrip("-").isdigit() and t.count("-") <= 1 for t in items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    values = list(dict.fromkeys(int(t) for t in items))
+    if any(v == -1 or v < -64 or v > 64 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"expected splits 0..64 or -64..-2 (batched split-K), got {text!r}")
+    return values
 
 
 def positive_float(text: str) -> float:
@@ -247,7 +254,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="K,...",
         help="split-K counts tried with each stream-K configuration (default "
         f"{','.join(map(str, SWEEP_SPLITS))}; 0 = the rule's choice, 1 = data-parallel, "
-        "s > 1 = split into s); other configurations ignore it and run once",
+        "s > 1 = split into s, s <= -2 = batched split-K into -s slices, where the problem "
+        "takes it); other configurations ignore it and run once",
     )
     parser.add_argument(
         "--plot",

@@ -13,7 +13,8 @@
 //   default: plain products may take the kernels without a C operand; 0: not).
 // Writes one line per query:  rule_config rule_swizzle rule_splits | plan_config plan_swizzle
 //   plan_splits transposed kernel_name   (kernel_name "-" where no kernel fits; plan_config -1
-//   then means the fused epilogue is left to the caller: GEMM + activation pass).
+//   then means the fused epilogue is left to the caller: GEMM + activation pass; plan_splits -s
+//   for a batched split-K into s slices).
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -27,6 +28,10 @@ template <class Tag>
 GemmStatus launch(const GemmParams&, void*, size_t, cudaStream_t, const char**,
                   size_t* workspace_query) {
   if (workspace_query != nullptr) *workspace_query = 0;
+  return GemmStatus::kSuccess;
+}
+// The batched split-K's reduction pass (split_k_reduce.cu, a CUDA unit): never run here.
+GemmStatus reduce_k_slices(const float*, int, const GemmParams&, cudaStream_t) {
   return GemmStatus::kSuccess;
 }
 }  // namespace kernels
@@ -96,7 +101,8 @@ int main() {
     const Sm90Choice rule = choose_sm90_config(p);
     const GemmPlan plan = plan_gemm(p);
     std::printf("%d %d %d | %d %d %d %d %s\n", rule.config, rule.swizzle, rule.splits,
-                plan.params.sm90_config, plan.params.swizzle, plan.params.splits,
+                plan.params.sm90_config, plan.params.swizzle,
+                plan.k_slices > 1 ? -plan.k_slices : plan.params.splits,
                 plan.params.d_column_major ? 1 : 0,
                 plan.name != nullptr && plan.name[0] != 0 ? plan.name : "-");
   }
