@@ -35,7 +35,7 @@ from cutlass_nn import functional as F
 from cutlass_nn._source_check import body_dump, entry_for_call, function_def, wrapper_chain
 
 #: Attention classes of ``transformers`` whose forward calls their module's
-#: ``apply_rotary_pos_emb`` (checked against transformers 5.17 and 5.24; each module's function
+#: ``apply_rotary_pos_emb`` (checked against transformers 5.17, 5.24 and 5.25; each module's function
 #: is also checked on its source when fused).
 ATTENTION_LAYERS = frozenset(
     {"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"}
@@ -61,8 +61,10 @@ def rotate_half(x):
 }
 
 # The decorators transformers puts around an attention forward, by (function name, file name):
-# the deprecated-argument rename. A forward wrapped in anything else is not fused.
-_KNOWN_WRAPPERS = frozenset({("wrapped_func", "deprecation.py")})
+# the deprecated-argument rename, and (transformers >= 5.25 with the ``kernels`` package, which it
+# now requires) ``use_kernelized_func``'s forward, which routes the module-level kernel functions
+# to the instance's private copies. A forward wrapped in anything else is not fused.
+_KNOWN_WRAPPERS = frozenset({("wrapped_func", "deprecation.py"), ("new_forward", "layer.py")})
 
 
 def _signature_and_body(func: ast.FunctionDef) -> str:
@@ -75,7 +77,31 @@ def _expected_dump(name: str) -> str:
     return _signature_and_body(func)
 
 
+def _plain_function(fn: Any) -> Any:
+    """``fn`` itself, or the function a ``kernels`` function-module wraps: with the ``kernels``
+    package installed, ``@use_kernel_forward_from_hub`` makes a module-level function an
+    ``nn.Module`` instance whose class's forward calls the original (the free variable ``func``
+    of that forward) unless a hub kernel was installed for it. None when ``fn`` is neither."""
+    if isinstance(fn, types.FunctionType):
+        return fn
+    if not (isinstance(fn, nn.Module) and hasattr(type(fn), "kernel_layer_name")):
+        return None
+    if "forward" in fn.__dict__:  # kernelize() gave it a hub kernel's forward
+        return None
+    code_fn = getattr(type(fn), "forward", None)
+    if not isinstance(code_fn, types.FunctionType) or code_fn.__closure__ is None:
+        return None
+    cells = dict(zip(code_fn.__code__.co_freevars, code_fn.__closure__))
+    inner = cells.get("func")
+    try:
+        inner = inner.cell_contents if inner is not None else None
+    except ValueError:  # an empty cell
+        return None
+    return inner if isinstance(inner, types.FunctionType) else None
+
+
 def _is_expected(fn: Any, name: str) -> bool:
+    fn = _plain_function(fn)
     if not isinstance(fn, types.FunctionType):
         return False
     func = function_def(fn)

@@ -17,7 +17,7 @@ from cutlass_nn import bench
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "cutlass_nn" / "bench"
 SUBMODULES = ["spec", "stats", "plan", "correctness", "cases", "timing", "rows", "sweep",
-              "report", "cli", "models", "models_report", "block_probe", "memory_readings", "memory_trace", "host", "fused", "fp8", "step_profile", "step_sweep", "peers", "attention_probe"]  # fmt: skip
+              "report", "cli", "arg_types", "models", "models_report", "block_probe", "memory_readings", "memory_trace", "host", "fused", "fp8", "step_profile", "step_sweep", "peers", "attention_probe"]  # fmt: skip
 
 
 def test_every_file_is_a_listed_module_with_a_docstring():

@@ -175,26 +175,55 @@ def test_runtime_subclass_keeps_the_fused_forward():
     assert counter.calls == 2
 
 
-def _fake_modeling_module(rotate_half_source):
+def _fake_modeling_module(rotate_half_source, kernelized=False):
     """A module named like a transformers modeling module with its own LlamaAttention and the
-    given rotate_half."""
+    given rotate_half; ``kernelized``: decorated as transformers >= 5.25 does when the
+    ``kernels`` package is installed (the function becomes a function-module, the class's
+    forward is wrapped)."""
     name = "transformers.models.cutlass_nn_test.modeling_fake"
     mod = types.ModuleType(name)
     src = (
         "import torch\n"
         "from torch import nn\n"
+        + ("from kernels import use_kernel_forward_from_hub, use_kernelized_func\n" if kernelized else "")
         + rotate_half_source
+        + ('@use_kernel_forward_from_hub("rotary_pos_emb")\n' if kernelized else "")
         + "def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):\n"
         "    cos = cos.unsqueeze(unsqueeze_dim)\n"
         "    sin = sin.unsqueeze(unsqueeze_dim)\n"
         "    q_embed = (q * cos) + (rotate_half(q) * sin)\n"
         "    k_embed = (k * cos) + (rotate_half(k) * sin)\n"
         "    return q_embed, k_embed\n"
-        "class LlamaAttention(nn.Module):\n"
+        + ("@use_kernelized_func(apply_rotary_pos_emb)\n" if kernelized else "")
+        + "class LlamaAttention(nn.Module):\n"
         "    def forward(self, q, k, cos, sin):\n"
         "        return apply_rotary_pos_emb(q, k, cos, sin)\n"
     )
     return name, mod, src
+
+
+def _load_fake_modeling_module(tmp_path, monkeypatch, rotate_half_source, kernelized=False):
+    """_fake_modeling_module executed from a file (inspect.getsource needs one) and registered
+    in sys.modules for the test's duration."""
+    name, mod, src = _fake_modeling_module(rotate_half_source, kernelized)
+    path = tmp_path / "modeling_fake.py"
+    path.write_text(src)
+    mod.__file__ = str(path)
+    monkeypatch.setitem(sys.modules, name, mod)
+    exec(compile(src, str(path), "exec"), vars(mod))
+    return mod
+
+
+def _assert_fused_call_is_the_module_function(attn, mod):
+    """Fuses ``attn``; one operator call gives what the module's own function gives."""
+    fused_rotary.fuse_rotary(attn)
+    q, k = torch.randn(1, 2, 3, 4, dtype=torch.float64), torch.randn(1, 1, 3, 4, dtype=torch.float64)
+    cos, sin = torch.randn(1, 3, 4, dtype=torch.float64), torch.randn(1, 3, 4, dtype=torch.float64)
+    with _CountCalls() as counter:
+        got = attn(q, k, cos, sin)
+    assert counter.calls == 1
+    for g, w in zip(got, mod.apply_rotary_pos_emb(q, k, cos, sin)):
+        assert torch.equal(g, w)
 
 
 @pytest.mark.parametrize("standard", [True, False])
@@ -205,13 +234,7 @@ def test_a_module_with_another_formula_is_not_fused(tmp_path, monkeypatch, stand
         "    x2 = x[..., x.shape[-1] // 2 :]\n"
         + ("    return torch.cat((-x2, x1), dim=-1)\n" if standard else "    return torch.cat((x2, -x1), dim=-1)\n")
     )
-    name, mod, src = _fake_modeling_module(rotate)
-    path = tmp_path / "modeling_fake.py"
-    path.write_text(src)  # inspect.getsource needs a file
-    code = compile(src, str(path), "exec")
-    mod.__file__ = str(path)
-    monkeypatch.setitem(sys.modules, name, mod)
-    exec(code, vars(mod))
+    mod = _load_fake_modeling_module(tmp_path, monkeypatch, rotate)
     attn = mod.LlamaAttention()
     assert fused_rotary.can_fuse_rotary(attn) is standard
     if not standard:
@@ -219,15 +242,37 @@ def test_a_module_with_another_formula_is_not_fused(tmp_path, monkeypatch, stand
             fused_rotary.fuse_rotary(attn)
         assert "forward" not in attn.__dict__
         return
-    fused_rotary.fuse_rotary(attn)
-    q, k = torch.randn(1, 2, 3, 4, dtype=torch.float64), torch.randn(1, 1, 3, 4, dtype=torch.float64)
-    cos, sin = torch.randn(1, 3, 4, dtype=torch.float64), torch.randn(1, 3, 4, dtype=torch.float64)
-    with _CountCalls() as counter:
-        got = attn(q, k, cos, sin)
-    assert counter.calls == 1
-    for g, w in zip(got, mod.apply_rotary_pos_emb(q, k, cos, sin)):
-        assert torch.equal(g, w)
+    _assert_fused_call_is_the_module_function(attn, mod)
     assert mod.apply_rotary_pos_emb is not F.apply_rotary_pos_emb  # the module is untouched
+
+
+STANDARD_ROTATE_HALF = (
+    "def rotate_half(x):\n"
+    "    x1 = x[..., : x.shape[-1] // 2]\n"
+    "    x2 = x[..., x.shape[-1] // 2 :]\n"
+    "    return torch.cat((-x2, x1), dim=-1)\n"
+)
+
+
+@pytest.mark.parametrize("hub_kernel", [False, True])
+def test_a_kernels_decorated_module_is_fused_unless_a_hub_kernel_replaced_its_function(
+    tmp_path, monkeypatch, hub_kernel
+):
+    """transformers >= 5.25 requires the ``kernels`` package, which makes the module's
+    apply_rotary_pos_emb an nn.Module wrapping the function and wraps the class's forward: the
+    function inside is checked, the wrapper rebuilt; a function whose forward was replaced (a
+    hub kernel installed by kernelize) is left alone."""
+    pytest.importorskip("kernels")
+    mod = _load_fake_modeling_module(tmp_path, monkeypatch, STANDARD_ROTATE_HALF, kernelized=True)
+    assert isinstance(mod.apply_rotary_pos_emb, torch.nn.Module)  # the decorator did wrap it
+    if hub_kernel:
+        fn = mod.apply_rotary_pos_emb
+        fn.forward = types.MethodType(lambda self, q, k, cos, sin: (q, k), fn)
+    attn = mod.LlamaAttention()
+    assert fused_rotary.can_fuse_rotary(attn) is not hub_kernel
+    if hub_kernel:
+        return
+    _assert_fused_call_is_the_module_function(attn, mod)
 
 
 def test_other_modules_are_refused():

@@ -45,7 +45,7 @@ configuration override for --sweep), 130 interrupted.
 
 
 The package: ``spec``, ``stats``, ``plan``, ``correctness``, ``cases``, ``timing``, ``rows``, ``sweep``, ``report``, ``cli`` (one job each, see each
-module's docstring), ``models`` (whole-model steps, ``--what models``; its summary, table and
+module's docstring; ``cli``'s option parsers live in ``arg_types``), ``models`` (whole-model steps, ``--what models``; its summary, table and
 plot in ``models_report``, what else ran in a timed block in ``block_probe``, where a side's
 kept memory was allocated in ``memory_trace``, whether the models' attention gets a mask eager
 and compiled in ``attention_probe``), ``host`` (host time
