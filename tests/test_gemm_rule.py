@@ -576,3 +576,29 @@ def test_v043_clauses_leave_float32_outputs_and_other_sm_counts_sane(harness):
     # 84% of a wave and 144 of 128x128 spill 30 tiles (over a quarter): config 1 is not taken
     got = plan(harness, "wgrad", 768, 3072, 512, sms=114)
     assert got.config != 1, got
+
+
+def autotune_candidates() -> list[tuple[int, int, int]]:
+    """The opt-in autotune's candidate list (config, splits, swizzle), read from its source
+    (csrc/cuda/gemm_autotune.cpp's kCandidates), checked against the array's declared size."""
+    import re
+
+    source = (ROOT / "csrc" / "cuda" / "gemm_autotune.cpp").read_text()
+    decl = re.search(r"std::array<std::array<int, 3>, (\d+)> kCandidates = \{\{(.*?)\}\};", source, re.S)
+    assert decl, "kCandidates not found in gemm_autotune.cpp"
+    body = re.sub(r"//[^\n]*", "", decl.group(2))
+    triples = [tuple(int(v) for v in t) for t in re.findall(r"\{(-?\d+), (-?\d+), (-?\d+)\}", body)]
+    assert len(triples) == int(decl.group(1))
+    return triples
+
+
+def test_autotune_candidates_that_stay_distinct_for_a_large_forward(harness):
+    """The candidates the autotune times for a 4096^3 forward: those whose plans differ in
+    kernel, transposition, split or effective swizzle (0 and 1 are one order), as its
+    deduplication counts them; tests/test_cuda_autotune.py expects this count on the GPU."""
+    seen = set()
+    for config, splits, swizzle in autotune_candidates():
+        p = plan(harness, "fwd", 4096, 4096, 4096, config=config, swizzle=swizzle, splits=splits)
+        assert p.kernel != "-"
+        seen.add((p.kernel, p.transposed, p.splits, max(p.swizzle, 1)))
+    assert len(seen) == 24
