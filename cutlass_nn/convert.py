@@ -33,7 +33,7 @@ _log = logging.getLogger("cutlass_nn.convert")
 LLAMA_STYLE_NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
 
 #: Gated MLP classes of ``transformers`` whose forward is
-#: ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (checked against transformers 5.24; the
+#: ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (checked against transformers 5.24 and 5.25; the
 #: activation comes from ``act_fn``: SiLU for Llama / Mistral / Qwen, tanh GELU for Gemma).
 GATED_MLPS = frozenset(
     {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP", "Gemma2MLP", "Gemma3MLP"}

@@ -33,7 +33,7 @@ from cutlass_nn._source_check import body_dump, entry_for_call, function_def, wr
 from cutlass_nn.modules import RMSNorm, _norm_fits
 
 #: Decoder layer classes of ``transformers`` whose forward the fused one reproduces (checked
-#: against transformers 5.0 to 5.24; each is also checked on its source when fused).
+#: against transformers 5.0 to 5.25; each is also checked on its source when fused).
 DECODER_LAYERS = frozenset(
     {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"}
 )
