@@ -602,3 +602,32 @@ def test_autotune_candidates_that_stay_distinct_for_a_large_forward(harness):
         assert p.kernel != "-"
         seen.add((p.kernel, p.transposed, p.splits, max(p.swizzle, 1)))
     assert len(seen) == 24
+
+
+def _gpu_rule_cases():
+    """tests/test_cuda_kernel_selection.py's TRANSFORMER_RULE_CASES, read from its source (that
+    module imports the GPU helpers): (op, layer shape, expected configuration)."""
+    import ast
+
+    tree = ast.parse((ROOT / "tests" / "test_cuda_kernel_selection.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", None) == "TRANSFORMER_RULE_CASES" for t in node.targets):
+            return [c for c in ast.literal_eval(node.value)]
+    raise AssertionError("TRANSFORMER_RULE_CASES not found")
+
+
+GPU_RULE_CASES = _gpu_rule_cases()
+
+
+@pytest.mark.parametrize("op,shape,config", GPU_RULE_CASES,
+                         ids=[f"{op}-{'x'.join(map(str, s))}" for op, s, _ in GPU_RULE_CASES])
+def test_the_gpu_selection_tests_expect_what_the_rule_plans(harness, op, shape, config):
+    """The GPU test of the rule at transformer shapes, planned here on 132 SMs: its expectations
+    follow the rule on every commit, not only where a GPU ran them ("linear" has a bias; a
+    layer (T, N, K) runs the forward T x N x K, the dgrad T x K x N, the wgrad N x K x T)."""
+    t, n, k = shape
+    gemm = {"linear": ("fwd", t, n, k), "linear_dgrad": ("dgrad", t, k, n),
+            "linear_wgrad": ("wgrad", n, k, t)}[op]
+    p = plan(harness, *gemm, c_mode=1 if op == "linear" else 0)
+    assert p.config == config, p
