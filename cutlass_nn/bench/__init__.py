@@ -204,7 +204,7 @@ from cutlass_nn.bench.report import (  # noqa: F401
 from cutlass_nn.bench import cli
 from cutlass_nn.bench.cli import (  # noqa: F401
     NO_CUDA_MESSAGE,
-    _csv,
+    csv_choices,
     _delegated_what,
     _git_commit,
     _names_transformer,

@@ -10,7 +10,9 @@ from collections.abc import Callable, Sequence
 from cutlass_nn import transformer_shapes
 
 
-def _csv(choices: Sequence[str]) -> Callable[[str], list[str]]:
+def csv_choices(choices: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argument type for comma-separated items, each one of ``choices`` (at least one)."""
+
     def parse(text: str) -> list[str]:
         items = [t.strip() for t in text.split(",") if t.strip()]
         bad = [t for t in items if t not in choices]

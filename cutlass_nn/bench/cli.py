@@ -23,7 +23,7 @@ import torch
 import cutlass_nn
 from cutlass_nn import ops
 from cutlass_nn.bench.arg_types import (  # noqa: F401  (re-exported: bench.parse_shapes, ...)
-    _csv,
+    csv_choices,
     parse_shapes,
     parse_splits,
     parse_swizzles,
@@ -113,14 +113,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--dtypes",
-        type=_csv(DTYPE_CHOICES),
+        type=csv_choices(DTYPE_CHOICES),
         default=None,
         help="bf16,fp16,fp32 (default: all; bf16,fp32 with --quick; bf16 with --sweep). fp32 = "
         "the float32 GEMM subset ('highest' and TF32) and float32 add2",
     )
     parser.add_argument(
         "--what",
-        type=_csv(WHAT_ITEMS),
+        type=csv_choices(WHAT_ITEMS),
         default=list(WHAT_ITEMS),
         help="fwd,sm80,dgrad,wgrad,fwdbwd,linact,add2,fp32 (default: all). sm80 = forward with "
         "force_sm80_kernels(); linact = Linear+bias+GELU(tanh) fwd+bwd vs eager and "

@@ -76,6 +76,7 @@ from torch import nn
 
 import cutlass_nn
 from cutlass_nn.bench import fp8 as bench_fp8, peers
+from cutlass_nn.bench.arg_types import csv_choices
 from cutlass_nn.bench.attention_probe import format_attention_masks, probe_attention_masks
 from cutlass_nn.bench.block_probe import BlockProbe, alternating_blocks, frozen_heap
 from cutlass_nn.bench.memory_readings import memory_now, peak_since_reset, raise_transient
@@ -511,26 +512,15 @@ def run_row(
 # ---------------------------------------------------------------------------------------------
 
 
-def _csv(choices: Sequence[str]) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        bad = [t for t in items if t not in choices]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"choose from {','.join(choices)}, got {text!r}")
-        return items
-
-    return parse
-
-
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m cutlass_nn.bench --what models",
         description="Whole-model training steps: nn.Linear vs cutlass_nn.convert (JSON + PNG).",
     )
     p.add_argument("--what", choices=["models"], default="models")
-    p.add_argument("--families", type=_csv(FAMILIES), default=list(FAMILIES))
-    p.add_argument("--sizes", type=_csv(SIZES), default=list(SIZES))
-    p.add_argument("--modes", type=_csv(MODES), default=list(MODES))
+    p.add_argument("--families", type=csv_choices(FAMILIES), default=list(FAMILIES))
+    p.add_argument("--sizes", type=csv_choices(SIZES), default=list(SIZES))
+    p.add_argument("--modes", type=csv_choices(MODES), default=list(MODES))
     p.add_argument("--steps", type=int, default=20, help="timed steps per side (>= 20 for a record)")
     p.add_argument("--block", type=int, default=5, help="steps per timed block")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compiles)")
