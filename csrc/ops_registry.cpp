@@ -28,6 +28,9 @@
 #include "op_checks.h"
 
 #ifdef CUTLASS_NN_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/device_info.h"
 #include "cuda/fp8_cuda.h"
 #include "cuda/gemm_autotune.h"
 #include "cuda/gemm_binding.h"
@@ -179,6 +182,24 @@ static std::string fp8_configs() {
   return cuda::fp8_config_names();
 #else
   return "";
+#endif
+}
+
+// The peak DRAM bandwidth (GB/s) the GEMM rule sees for CUDA device `device` (0: unknown; always
+// 0 in the CPU flavor). Tests use it to expect the rule's device-dependent choices.
+static int64_t device_memory_gbps(int64_t device) {
+#ifdef CUTLASS_NN_WITH_CUDA
+  int count = 0;
+  const bool listed = cudaGetDeviceCount(&count) == cudaSuccess;
+  if (!listed) (void)cudaGetLastError();
+  TORCH_CHECK(listed && device >= 0 && device < count,
+              "cutlass_nn._device_memory_gbps: argument 'device' must be a CUDA device index in "
+              "[0, ", std::to_string(listed ? count : 0), "), got ", std::to_string(device));
+  return cuda::device_info(static_cast<int>(device)).memory_gbps;
+#else
+  TORCH_CHECK(false, "cutlass_nn._device_memory_gbps: needs the CUDA flavor (this build is the CPU "
+              "flavor), got device ", std::to_string(device));
+  return 0;
 #endif
 }
 
@@ -432,6 +453,7 @@ TORCH_LIBRARY(cutlass_nn, m) {
   m.def("_set_programmatic_launch(bool enable) -> bool", &set_programmatic_launch);
   m.def("_programmatic_launch_enabled() -> bool", &programmatic_launch_enabled);
   m.def("_last_kernel_name() -> str", &last_kernel_name);
+  m.def("_device_memory_gbps(int device) -> int", &device_memory_gbps);
   m.def("_set_gemm_config(int config, int swizzle, int splits=0) -> int[]", &set_gemm_config);
   m.def("_set_epilogue_without_c(bool enabled) -> bool", &set_epilogue_without_c);
   m.def("_gemm_configs() -> str", &gemm_configs);

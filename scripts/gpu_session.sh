@@ -9,7 +9,8 @@
 #                                        # finishes the build, packs the extension into
 #                                        # $OUT/check/_C.abi3.so.xz, runs the kernel-selection
 #                                        # tests and writes the summary; then the sweep
-#                                        # ($SWEEP_SHAPES, if set) and the shape-set benchmark
+#                                        # ($SWEEP_SHAPES, if set) and the shape-set benchmark;
+#                                        # with PREBUILT_SO set, tests that extension instead
 #   bash scripts/gpu_session.sh models   # the model benchmark on an extension carried back in
 #                                        # ($PREBUILT_SO, default .whl/_C.abi3.so.xz)
 #
@@ -41,7 +42,12 @@ case "$step" in
   check)
     SAVE_SO=1 PYTEST_TARGETS="${PYTEST_TARGETS:-tests/test_cuda_kernel_selection.py}" \
       OUT="$OUT/check" bash scripts/gpu_check.sh -q 2>&1 | tail -15
-    [ -f "$OUT/check/_C.abi3.so.xz" ] || { echo "gpu_session.sh: the build failed" >&2; exit 1; }
+    # A prebuilt extension (PREBUILT_SO) is tested as it is and not packed again.
+    if [ -z "${PREBUILT_SO:-}" ] && [ ! -f "$OUT/check/_C.abi3.so.xz" ]; then
+      echo "gpu_session.sh: the build failed" >&2
+      exit 1
+    fi
+    ls cutlass_nn/_C*.so >/dev/null 2>&1 || { echo "gpu_session.sh: no extension to run" >&2; exit 1; }
     if [ -n "${SWEEP_SHAPES:-}" ]; then
       sweep_configs=()
       [ -n "${SWEEP_CONFIGS:-}" ] && sweep_configs=(--sweep-configs "$SWEEP_CONFIGS")

@@ -114,12 +114,12 @@ def build_harness(kernels_dir: Path, out: Path) -> Path:
     return out
 
 
-def harness_planner(exe: Path) -> Callable[[Iterable[tuple], int], dict[tuple, Plan]]:
-    """A function (queries, sms) -> {query: Plan} backed by the compiled harness."""
+def harness_planner(exe: Path) -> Callable[[Iterable[tuple], int, int], dict[tuple, Plan]]:
+    """A function (queries, sms, memory_gbps) -> {query: Plan} backed by the compiled harness."""
 
-    def plans(queries: Iterable[tuple], sms: int) -> dict[tuple, Plan]:
+    def plans(queries: Iterable[tuple], sms: int, gbps: int = 0) -> dict[tuple, Plan]:
         qs = sorted(set(queries))
-        text = "".join(f"{op} {m} {n} {k} 0 0 -1 0 0 {sms}\n" for op, m, n, k in qs)
+        text = "".join(f"{op} {m} {n} {k} 0 0 -1 0 0 {sms} 0 1 {gbps}\n" for op, m, n, k in qs)
         out = subprocess.run([str(exe)], input=text, capture_output=True, text=True,
                              check=True).stdout.splitlines()
         return {q: parse_plan(line) for q, line in zip(qs, out)}
@@ -131,6 +131,20 @@ def built_kernels(kernels_dir: Path) -> set[str]:
     """Configuration parts of the SM90 kernels the tree builds (its generated registry)."""
     text = (kernels_dir / "generated" / "kernel_registry.inc").read_text()
     return {short_kernel(n) for n in re.findall(r'"(sm90_tma_ws_[^"]+)"', text)}
+
+
+# Peak DRAM bandwidth (GB/s) of the GPUs the committed sweeps ran on, by device name, for sweeps
+# whose metadata predates the "memory_gbps" field (the rule reads it: GemmParams::memory_gbps).
+# Names as torch reports them; a GH200 (96 GB: about 4.0 TB/s) is not an H200.
+KNOWN_MEMORY_GBPS = {"NVIDIA H200": 4915, "NVIDIA H100 80GB HBM3": 3352}
+
+
+def memory_gbps(meta: dict[str, Any]) -> int:
+    """The sweep's device bandwidth as the rule saw it: its metadata's, else the known value of
+    its device name, else 0 (unknown)."""
+    if isinstance(meta.get("memory_gbps"), int):
+        return meta["memory_gbps"]
+    return KNOWN_MEMORY_GBPS.get(str(meta.get("device", "")).strip(), 0)
 
 
 def load_groups(results: Path, device: str | None = None) -> dict[tuple, dict[str, Any]]:
@@ -152,7 +166,7 @@ def load_groups(results: Path, device: str | None = None) -> dict[tuple, dict[st
                 continue
             key = (path.name, row["op"], tuple(row["shape"]))
             g = groups.setdefault(key, {"device": name, "sms": int(meta.get("sm_count") or 132),
-                                        "rows": []})
+                                        "gbps": memory_gbps(meta), "rows": []})
             g["rows"].append(row)
     return groups
 
@@ -202,7 +216,7 @@ def gaps(groups: dict[tuple, dict[str, Any]], plans: dict[tuple, Plan], built: s
     first; groups whose best measured ratio is under FLOOR)."""
     ahead, under = [], []
     for (sweep, op, shape), g in sorted(groups.items()):
-        plan = plans[(g["sms"],) + gemm_query(op, shape)]
+        plan = plans[device_key(g) + gemm_query(op, shape)]
         ratio, how = measured(g["rows"], plan)
         best = best_measured(g["rows"], built)
         entry = {"sweep": sweep, "device": g["device"], "op": op, "shape": list(shape),
@@ -223,7 +237,7 @@ def compare(groups: dict[tuple, dict[str, Any]], base: dict[tuple, Plan],
     ratios (None where a plan was not measured in that sweep)."""
     out = []
     for (sweep, op, shape), g in sorted(groups.items()):
-        q = (g["sms"],) + gemm_query(op, shape)
+        q = device_key(g) + gemm_query(op, shape)
         if base[q] == other[q]:
             continue
         old, old_how = measured(g["rows"], base[q])
@@ -234,15 +248,21 @@ def compare(groups: dict[tuple, dict[str, Any]], base: dict[tuple, Plan],
     return out
 
 
+def device_key(g: dict[str, Any]) -> tuple[int, int]:
+    """What the rule knows of a group's device: (SM count, peak DRAM bandwidth in GB/s)."""
+    return (g["sms"], g.get("gbps", 0))
+
+
 def all_plans(groups: dict[tuple, dict[str, Any]],
-              planner: Callable[[Iterable[tuple], int], dict[tuple, Plan]]) -> dict[tuple, Plan]:
-    """{(sms, op, m, n, k): Plan} for every group, asked of ``planner`` once per SM count."""
-    by_sms: dict[int, set[tuple]] = defaultdict(set)
+              planner: Callable[[Iterable[tuple], int, int], dict[tuple, Plan]]) -> dict[tuple, Plan]:
+    """{(sms, gbps, op, m, n, k): Plan} for every group, asked of ``planner`` once per device
+    key (device_key)."""
+    by_device: dict[tuple[int, int], set[tuple]] = defaultdict(set)
     for (_, op, shape), g in groups.items():
-        by_sms[g["sms"]].add(gemm_query(op, shape))
+        by_device[device_key(g)].add(gemm_query(op, shape))
     out = {}
-    for sms, queries in by_sms.items():
-        out.update({(sms,) + q: p for q, p in planner(queries, sms).items()})
+    for (sms, gbps), queries in by_device.items():
+        out.update({(sms, gbps) + q: p for q, p in planner(queries, sms, gbps).items()})
     return out
 
 

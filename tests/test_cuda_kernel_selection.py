@@ -479,6 +479,10 @@ def test_stream_k_split_factors(op, splits, gen):
 
 
 
+# The expected configuration of the GEMMs whose rule depends on the device's memory bandwidth
+# (pingpong_waves_config below).
+PINGPONG_WAVES = object()
+
 # The rule at transformer layer shapes (tokens, out, in) of the v0.8 and v0.10 sweeps (132-SM H100 / H200;
 # benchmarks/NOTES.md): which configuration each GEMM of a layer gets, checked against float64.
 # Config 6 / 7: the transposed problem with 64- / 128-row token tiles; 2: 128x128 stream-K /
@@ -531,7 +535,6 @@ TRANSFORMER_RULE_CASES = [
     ("linear_wgrad", (4096, 3584, 768), 1),  # 112 tiles: 84.8% of a wave, from 80% (v0.31)
     ("linear_wgrad", (4096, 3328, 768), 2),  # 104 tiles: under 80%, stream-K
     ("linear", (4096, 768, 3072), 10),  # 128 tiles of 128x192 in place of the transposed problem
-    ("linear_dgrad", (4096, 3584, 3584), 3),  # 7 waves of 128x128 (1x2 cluster), v0.40
     ("linear", (4096, 4096, 4096), 0),
     ("linear_wgrad", (4096, 3072, 768), 2),  # 144 tiles: stream-K
     ("linear", (512, 12288, 4096), 1),  # data-parallel 128x128 before v0.40: 128x192, no cluster
@@ -556,7 +559,36 @@ TRANSFORMER_RULE_CASES = [
     ("linear_wgrad", (16384, 128, 8192), 13),
     ("linear_wgrad", (512, 768, 3072), 1),
     ("linear_wgrad", (512, 3072, 768), 1),
+    # v0.40's pingpong_waves (7 waves of 128x128 tiles, 1x2 cluster, against 5 of 128x192): from
+    # v0.44 on devices of at least 4.5 TB/s only (the H200); the H100 keeps config 10
+    ("linear", (4096, 3584, 3584), PINGPONG_WAVES),
+    ("linear", (4096, 3584, 8192), PINGPONG_WAVES),
+    ("linear", (4096, 3584, 18944), PINGPONG_WAVES),
+    ("linear_dgrad", (4096, 3584, 3584), PINGPONG_WAVES),  # dgrad GEMM 4096 x 3584 x 3584
+    ("linear_dgrad", (4096, 8192, 3584), PINGPONG_WAVES),  # dgrad GEMM 4096 x 3584 x 8192
+    ("linear_dgrad", (4096, 18944, 3584), PINGPONG_WAVES),  # dgrad GEMM 4096 x 3584 x 18944
 ]
+
+
+def pingpong_waves_config() -> int:
+    """The configuration v0.44 gives pingpong_waves' GEMMs on this device: config 3 from 4.5
+    TB/s of peak DRAM bandwidth (or unknown, 0), else the 128x192 tile's config 10."""
+    gbps = torch.ops.cutlass_nn._device_memory_gbps(0)
+    return 3 if gbps == 0 or gbps >= 4500 else 10
+
+
+def test_device_memory_bandwidth_is_read_and_checked():
+    needs_sm90()
+    gbps = torch.ops.cutlass_nn._device_memory_gbps(0)
+    assert 1000 <= gbps <= 20000, gbps  # every SM90 part: 2-5 TB/s of HBM
+    # The two GPUs the rule's bandwidth clause was measured on (a units slip, such as a
+    # single data rate, would move them across its 4.5 TB/s threshold)
+    known = {"NVIDIA H100 80GB HBM3": (3300, 3400), "NVIDIA H200": (4700, 5000)}
+    low, high = known.get(torch.cuda.get_device_name(0), (1000, 20000))
+    assert low <= gbps <= high, (torch.cuda.get_device_name(0), gbps)
+    with pytest.raises(RuntimeError, match=r"_device_memory_gbps: argument 'device' must be a CUDA "
+                                           r"device index in \[0, \d+\), got -1"):
+        torch.ops.cutlass_nn._device_memory_gbps(-1)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
@@ -569,6 +601,8 @@ def test_rule_at_transformer_shapes(op, shape, config, dtype, gen):
     needs_sm90()
     if torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the expected configurations are those of a 132-SM GPU")
+    if config is PINGPONG_WAVES:
+        config = pingpong_waves_config()
     args = gemm_args(op, *shape, dtype, "contig", gen)
     before = clone_all(args)
     ours = run_ours(op, args)

@@ -648,3 +648,16 @@ def test_gated_mlp_pickled_with_a_plain_activation_attribute_loads():
     old = cutlass_nn.GatedMLP.__new__(cutlass_nn.GatedMLP)
     old.__setstate__(state)
     assert old.activation == "gelu_tanh"
+
+
+def test_device_memory_bandwidth_query_names_what_it_needs():
+    """The private query behind the rule's bandwidth-dependent choices: in the CPU flavor it says
+    it needs the CUDA flavor; in the CUDA flavor a device index out of range is named (the GPU
+    side is tests/test_cuda_kernel_selection.py's)."""
+    query = torch.ops.cutlass_nn._device_memory_gbps
+    if cutlass_nn.build_info()["flavor"] == "cpu":
+        with pytest.raises(RuntimeError, match=r"_device_memory_gbps: needs the CUDA flavor .* got device 0"):
+            query(0)
+    else:
+        with pytest.raises(RuntimeError, match=r"_device_memory_gbps: argument 'device' must be a CUDA device index"):
+            query(1 << 20)

@@ -41,10 +41,11 @@ class Plan(NamedTuple):
 
 
 def plan(harness: Path, op: str, m: int, n: int, k: int, *, out_f32=False, fused=False,
-         config=-1, swizzle=0, splits=0, sms=SMS, c_mode=0, without_c=True) -> Plan:
-    """The harness's plan; c_mode 1 adds a row-broadcast bias, 2 beta = 1 times C."""
+         config=-1, swizzle=0, splits=0, sms=SMS, c_mode=0, without_c=True, memory_gbps=0) -> Plan:
+    """The harness's plan; c_mode 1 adds a row-broadcast bias, 2 beta = 1 times C; memory_gbps:
+    the device's peak DRAM bandwidth (0: unknown)."""
     query = (f"{op} {m} {n} {k} {int(out_f32)} {int(fused)} {config} {swizzle} {splits} {sms} "
-             f"{c_mode} {int(without_c)}\n")
+             f"{c_mode} {int(without_c)} {memory_gbps}\n")
     out = subprocess.run([str(harness)], input=query, capture_output=True, text=True, check=True)
     rule, _, rest = out.stdout.strip().partition(" | ")
     r = tuple(int(v) for v in rule.split())
@@ -613,6 +614,12 @@ def _gpu_rule_cases():
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
                 getattr(t, "id", None) == "TRANSFORMER_RULE_CASES" for t in node.targets):
+            # the bandwidth-dependent expectation, a name there, becomes its name here
+            for sub in ast.walk(node.value):
+                for field, value in ast.iter_fields(sub):
+                    if isinstance(value, list):
+                        value[:] = [ast.Constant(v.id) if isinstance(v, ast.Name) else v
+                                    for v in value]
             return [c for c in ast.literal_eval(node.value)]
     raise AssertionError("TRANSFORMER_RULE_CASES not found")
 
@@ -629,5 +636,43 @@ def test_the_gpu_selection_tests_expect_what_the_rule_plans(harness, op, shape, 
     t, n, k = shape
     gemm = {"linear": ("fwd", t, n, k), "linear_dgrad": ("dgrad", t, k, n),
             "linear_wgrad": ("wgrad", n, k, t)}[op]
-    p = plan(harness, *gemm, c_mode=1 if op == "linear" else 0)
+    c_mode = 1 if op == "linear" else 0
+    if config == "PINGPONG_WAVES":  # v0.44: config 10 on the H100, 3 on the H200
+        assert plan(harness, *gemm, c_mode=c_mode, memory_gbps=3352).config == 10
+        assert plan(harness, *gemm, c_mode=c_mode, memory_gbps=4915).config == 3
+        return
+    p = plan(harness, *gemm, c_mode=c_mode)
     assert p.config == config, p
+
+# v0.44: v0.40's pingpong_waves clause (config 3 where its 128x128 waves cost less than the
+# 128x192 tile's) only from 4.5 TB/s of peak DRAM bandwidth. The six GEMMs it takes in the shape
+# set (Qwen2-7B's 4096 x 3584 outputs), forward and dgrad layouts; H100 SXM 3352 GB/s, H200 4915.
+PINGPONG_WAVES_GEMMS = [
+    ("fwd", 4096, 3584, 3584), ("fwd", 4096, 3584, 8192), ("fwd", 4096, 3584, 18944),
+    ("dgrad", 4096, 3584, 3584), ("dgrad", 4096, 3584, 8192), ("dgrad", 4096, 3584, 18944),
+]
+
+
+@pytest.mark.parametrize("gemm", PINGPONG_WAVES_GEMMS, ids=lambda g: f"{g[0]}-{g[1]}x{g[2]}x{g[3]}")
+def test_v044_pingpong_waves_on_the_h200_only(harness, gemm):
+    op, m, n, k = gemm
+    h100 = plan(harness, op, m, n, k, memory_gbps=3352)
+    assert (h100.config, h100.transposed) == (10, False), h100  # the 128x192 tile, 2x1 cluster
+    assert h100.config == h100.rule[0]
+    for gbps in (4915, 4500, 0):  # the H200, the threshold, unknown
+        p = plan(harness, op, m, n, k, memory_gbps=gbps)
+        assert (p.config, p.swizzle, p.splits, p.transposed) == (3, 0, 0, False), (gbps, p)
+    assert plan(harness, op, m, n, k, memory_gbps=4499).config == 10
+
+
+def test_v044_leaves_every_other_plan_of_the_shape_set_alone(harness):
+    """The bandwidth changes no plan but pingpong_waves': every GEMM of the shape set (three
+    layouts, every token count) plans alike at 3352 and 4915 GB/s except the six above."""
+    from cutlass_nn import transformer_shapes
+
+    moved = set()
+    for tokens, n, k in transformer_shapes.parse_shape_set("transformer"):
+        for op, gm, gn, gk in (("fwd", tokens, n, k), ("dgrad", tokens, k, n), ("wgrad", n, k, tokens)):
+            if plan(harness, op, gm, gn, gk, memory_gbps=3352) != plan(harness, op, gm, gn, gk, memory_gbps=4915):
+                moved.add((op, gm, gn, gk))
+    assert moved == set(PINGPONG_WAVES_GEMMS)

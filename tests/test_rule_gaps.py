@@ -65,7 +65,7 @@ def test_a_plan_is_measured_by_a_forced_row_else_by_the_auto_row_of_its_kernel()
 
 
 def test_gaps_and_comparison_on_hand_made_groups():
-    q = (132, "wgrad", 3584, 768, 4096)
+    q = (132, 0, "wgrad", 3584, 768, 4096)  # (SMs, bandwidth unknown) + the harness query
     groups = {("s.json", "wgrad", (4096, 3584, 768)): {
         "device": "H", "sms": 132,
         "rows": [_row(C1, 0.85, swizzle=2), _row(SK, 0.95), _row(SK, 0.80, key="auto")]}}
@@ -83,6 +83,15 @@ def test_gaps_and_comparison_on_hand_made_groups():
     (change,) = rg.compare(groups, sk, c1)
     assert (change["base_ratio"], change["other_ratio"]) == (0.88, 0.85)
     assert rg.compare(groups, c1, c1) == []
+
+
+def test_memory_bandwidth_of_a_sweep_from_its_metadata_or_device_name():
+    assert rg.memory_gbps({"device": "NVIDIA H200", "memory_gbps": 4000}) == 4000
+    assert rg.memory_gbps({"device": "NVIDIA H200"}) == 4915
+    assert rg.memory_gbps({"device": "NVIDIA H100 80GB HBM3"}) == 3352
+    assert rg.memory_gbps({"device": "NVIDIA H100 PCIe"}) == 0  # not known: the rule's default
+    assert rg.memory_gbps({"device": "NVIDIA GH200 480GB"}) == 0  # not an H200
+    assert rg.device_key({"sms": 114}) == (114, 0)
 
 
 def test_latest_keeps_the_newest_sweep_of_each_device_op_and_shape():

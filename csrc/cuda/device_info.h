@@ -7,6 +7,7 @@ namespace cuda {
 struct DeviceInfo {
   int sm = 0;               // compute capability, major * 10 + minor
   int multiprocessors = 0;  // SM count
+  int memory_gbps = 0;      // peak DRAM bandwidth in GB/s (0 when the driver does not say)
 };
 
 // Properties of CUDA device `index`, read once per device (thread-safe).

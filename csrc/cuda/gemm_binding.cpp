@@ -191,6 +191,7 @@ kernels::GemmParams base_params(const Operand& A, const Operand& B, const at::Te
   p.arch_path = g_force_sm80.load() ? kernels::ArchPath::kSm80 : kernels::ArchPath::kAuto;
   p.sm = info.sm;
   p.multiprocessors = info.multiprocessors;
+  p.memory_gbps = info.memory_gbps;
   p.sm90_config = g_sm90_config.load();
   p.swizzle = g_swizzle.load();
   p.splits = g_splits.load();

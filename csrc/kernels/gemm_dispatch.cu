@@ -108,6 +108,9 @@ bool valid_dtypes(DType ab, DType cd) {
 
 // The SM90 tile configuration of the fused-activation kernels (SM90_ACT_CONFIG of the generator).
 constexpr int kActConfig = 3;
+// The peak DRAM bandwidth (GB/s) from which with_wave_fill's pingpong_waves clause applies: the
+// H200 (4.8 TB/s) measured it ahead, the H100 (3.35 TB/s) behind (v0.44).
+constexpr int kPingpongWavesMinGbps = 4500;
 // The SM90 configurations of float32 operands: TF32, and the TF32 parts of a 3xTF32 split.
 constexpr int kTf32Config = 17;
 constexpr int kTf32SplitConfig = 18;
@@ -601,6 +604,9 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     its 64x128 tiles fill one wave over 4096 <= K <= 16384 in place of config 11 / split-K
 //     (tile64x128_takes_long_wgrad), config 1 over K <= 512 where its 128x192 tiles fill 70-100%
 //     of a wave and 128x128 tiles spill a little into a second (tile192_no_cluster_takes_short_wgrad).
+//   * v0.44: v0.40's config-3 clause (pingpong_waves) only on devices of at least 4.5 TB/s peak
+//     DRAM bandwidth (GemmParams::memory_gbps; the H200): on the H100 it lost at every shape it
+//     takes, which keep the 128x192 tile there.
 namespace {
 
 // The transposed configuration (4-7, 16) for a problem under 3/4 of a wave of 128x256 tiles that no
@@ -792,8 +798,16 @@ Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before, bool ru
   // 7 waves of 128 columns against 5 of 192): config 3 (4096 x 3584 x 3584 fwd 1.082 vs 0.988,
   // dgrad 1.078 vs 0.966; 4096 x 3584 x 8192 fwd 1.114 vs 1.006, dgrad 1.102 vs 0.996; 4096 x
   // 3584 x 18944 fwd 1.090 vs 1.001, dgrad 1.091 vs 0.999). Not the weight gradient's layout (no
-  // such group in the sweep).
-  if (!wgrad_layout && before.config == kTile192Config) {
+  // such group in the sweep). v0.44: on the H200 only (peak DRAM bandwidth from
+  // kPingpongWavesMinGbps; 0, unknown, counts as the H200). On the H100 (3.35 TB/s, same SM count
+  // and L2) config 3 is behind at all six of those GEMMs: 0.737-0.811 of cuBLAS at K = 18944 and
+  // 0.89-0.95 at K = 3584 / 8192 in the shape-set benches of 2026-12-07
+  // (results/bench_nvidia-h100-80gb-hbm3_20261207-070303 / -113300.json), where config 10 had run
+  // 0.96-1.00 (bench_..._20261126-214542 / -212655 / -175900.json); its sweep of 2026-11-25
+  // (sweep_..._20261125-154243.json) had config 3 at 0.914-0.960 against config 10's 0.967-1.005 (both at the rule's swizzle 1).
+  const bool pingpong_waves_device =
+      p.memory_gbps == 0 || p.memory_gbps >= kPingpongWavesMinGbps;
+  if (!wgrad_layout && before.config == kTile192Config && pingpong_waves_device) {
     const int64_t cost128 = ceil_div(scheduled_tiles(rows, cols, 1, 2, 1), sms) * 128;
     const int64_t cost192 =
         ceil_div(scheduled_tiles(rows, ceil_div(p.n, 192), 2, 1, 1), sms) * 192;

@@ -70,6 +70,10 @@ struct GemmParams {
   ArchPath arch_path = ArchPath::kAuto;
   int sm = 0;              // compute capability of the device, major * 10 + minor
   int multiprocessors = 0;  // number of SMs of the device (for kernels that size grids by it)
+  // Peak DRAM bandwidth of the device in GB/s (memory clock x bus width), 0 when unknown. The
+  // rule reads it where two GPUs of the same SM count and L2 (H100: 3.35 TB/s, H200: 4.8 TB/s)
+  // measured different winners; 0 takes the choice measured on the H200.
+  int memory_gbps = 0;
 
   // Fused epilogue (SM90 kernels only; run_gemm() returns kUnsupported where no kernel fuses it,
   // and the caller then applies the activation itself). Needs alpha == 1 and beta == 0 or a

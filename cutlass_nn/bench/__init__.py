@@ -207,6 +207,7 @@ from cutlass_nn.bench.cli import (  # noqa: F401
     csv_choices,
     _delegated_what,
     _git_commit,
+    _memory_gbps,
     _names_transformer,
     _planned_rows,
     _plot_title,

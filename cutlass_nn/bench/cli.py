@@ -285,6 +285,15 @@ def _git_commit() -> str | None:
         return None
 
 
+def _memory_gbps() -> int | None:
+    """The peak DRAM bandwidth the GEMM rule sees for device 0 (scripts/rule_gaps.py plans a
+    sweep's rows with it); None where the extension cannot say (the CPU flavor)."""
+    try:
+        return int(torch.ops.cutlass_nn._device_memory_gbps(0))
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def collect_meta(argv: Sequence[str]) -> dict:
     props = torch.cuda.get_device_properties(0)
     matmul = torch.backends.cuda.matmul
@@ -294,6 +303,7 @@ def collect_meta(argv: Sequence[str]) -> dict:
         "sm_count": props.multi_processor_count,
         "memory_gib": round(props.total_memory / 2**30, 1),
         "l2_bytes": getattr(props, "L2_cache_size", None),
+        "memory_gbps": _memory_gbps(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),

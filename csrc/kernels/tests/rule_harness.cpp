@@ -8,9 +8,10 @@
 //   op: fwd (A row-major, B column-major: nn.Linear's forward), dgrad (both row-major), wgrad
 //   (A column-major, B row-major); out_f32: 1 for a float32 output (bf16 otherwise); fused: 1 for
 //   a bias + ReLU epilogue; config / swizzle / splits: the overrides (-1 / 0 / 0 = the rule's);
-//   sms: the multiprocessor count. Two optional trailing fields: c_mode (0: D = A @ B, the
-//   default; 1: plus a row-broadcast bias; 2: plus beta = 1 times C) and without_c (1, the
-//   default: plain products may take the kernels without a C operand; 0: not).
+//   sms: the multiprocessor count. Three optional trailing fields: c_mode (0: D = A @ B, the
+//   default; 1: plus a row-broadcast bias; 2: plus beta = 1 times C), without_c (1, the
+//   default: plain products may take the kernels without a C operand; 0: not) and memory_gbps
+//   (the device's peak DRAM bandwidth in GB/s; 0, the default: unknown).
 // Writes one line per query:  rule_config rule_swizzle rule_splits | plan_config plan_swizzle
 //   plan_splits transposed kernel_name   (kernel_name "-" where no kernel fits; plan_config -1
 //   then means the fused epilogue is left to the caller: GEMM + activation pass; plan_splits -s
@@ -55,15 +56,17 @@ int main() {
       std::printf("bad query\n");
       continue;
     }
-    int c_mode = 0, without_c = 1;
+    int c_mode = 0, without_c = 1, memory_gbps = 0;
     if (!(in >> c_mode)) c_mode = 0;
     if (!(in >> without_c)) without_c = 1;
+    if (!(in >> memory_gbps)) memory_gbps = 0;
     GemmParams p;
     p.m = m;
     p.n = n;
     p.k = k;
     p.sm = 90;
     p.multiprocessors = sms;
+    p.memory_gbps = memory_gbps;
     p.dtype_ab = DType::kBFloat16;
     p.dtype_cd = out_f32 ? DType::kFloat32 : DType::kBFloat16;
     p.a = p.b = p.d = g_buffer;
