@@ -404,12 +404,21 @@ def test_add2_case_on_cpu(op, prec):
     assert case.kernel_name() == ""
 
 
+FAKE_ACTS = {
+    "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"),
+    "gelu": torch.nn.functional.gelu,
+    "relu": torch.nn.functional.relu,
+}
+
+
 class FakeActLinear(torch.nn.Linear):
     """Stands in for CutlassLinear(activation=...), independent of whether (and how) the package
-    has it: the cutlass_nn linear operator, then F.gelu(approximate="tanh"). With
-    ``apply_act = False`` it forgets the activation (a wrong result)."""
+    has it: the cutlass_nn linear operator, then the activation in torch. With
+    ``apply_act = False`` it forgets the activation (a wrong result); ``swap_act`` names another
+    activation it applies instead."""
 
     apply_act = True
+    swap_act: str | None = None
     from_linear = staticmethod(cutlass_nn.CutlassLinear.from_linear)  # the fwdbwd rows' module
 
     def __init__(
@@ -420,9 +429,9 @@ class FakeActLinear(torch.nn.Linear):
 
     def forward(self, x):
         y = cutlass_nn.ops.linear(x, self.weight, self.bias)
-        if self.activation == "gelu_tanh" and self.apply_act:
-            return torch.nn.functional.gelu(y, approximate="tanh")
-        return y
+        if self.activation is None or not self.apply_act:
+            return y
+        return FAKE_ACTS[self.swap_act or self.activation](y)
 
 
 def _real_linact_supported() -> bool:
@@ -443,7 +452,7 @@ def fake_act(monkeypatch):
 
 
 @pytest.mark.parametrize("prec", ["bf16", "fp16", "fp32"])
-@pytest.mark.parametrize("op", bench.LINACT_OPS)
+@pytest.mark.parametrize("op", bench.LINACT_ALL_OPS)
 def test_linact_case_on_cpu(fake_act, op, prec):
     case, check = _exercise_case(bench.build_linact_case, op, prec)
     assert set(check["outputs"]) == {"y", "dx", "dw", "db"}
@@ -457,6 +466,94 @@ def test_linact_wrong_activation_fails(fake_act, monkeypatch):
     row = bench.run_row(spec.meta(), lambda: bench.build_case(spec, device="cpu"), timer)
     assert row["status"] == "FAIL" and timer.calls == 0
     assert not row["check"]["outputs"]["y"]["ok"]
+
+
+@pytest.mark.parametrize(
+    "op,swap,prec",
+    # the two GELU forms differ by less than bf16 resolves (at most ~2e-4 of the value): float32
+    [("eager-relu", "gelu", "bf16"), ("compile-gelu", "gelu_tanh", "fp32"), ("eager", "relu", "bf16")],
+)
+def test_linact_other_activation_fails(fake_act, monkeypatch, op, swap, prec):
+    """The reference follows the row's activation: a layer computing another one fails."""
+    monkeypatch.setattr(FakeActLinear, "swap_act", swap)
+    spec = bench.RowSpec("linact", op, prec, (37, 29, 23), "mlp")
+    row = bench.run_row(spec.meta(), lambda: bench.build_case(spec, device="cpu"), FakeTimer())
+    assert row["status"] == "FAIL" and not row["check"]["outputs"]["y"]["ok"]
+
+
+def test_linact_op_names():
+    assert bench.LINACT_ALL_OPS == (
+        "eager", "compile", "eager-gelu", "compile-gelu", "eager-relu", "compile-relu"
+    )
+    for op in bench.LINACT_ALL_OPS:
+        assert bench.linact_op(*bench.split_linact_op(op)) == op
+    for bad in ("eager-gelu_tanh", "eager-", "-relu", "fwd", "compile-silu", "eager-relu-x"):
+        with pytest.raises(ValueError, match="unknown linact op"):
+            bench.split_linact_op(bad)
+    with pytest.raises(ValueError, match="linact_op: expected"):
+        bench.linact_op("eager", "silu")
+    with pytest.raises(ValueError, match="unknown linact op 'eager-silu'"):
+        bench.build_linact_case("eager-silu", 8, 8, 8, bench.PRECISIONS["bf16"], device="cpu")
+    # three GEMMs of work for every linact row
+    assert {bench.gemm_flops(op, 2, 3, 5) for op in bench.LINACT_ALL_OPS} == {3 * 2 * 30}
+
+
+def test_plan_linact_mlp_set():
+    rows = bench.plan_rows(False, ["bf16", "fp16", "fp32"], ["linact"], linact_set="mlp")
+    assert {(r.group, r.precision, r.shape_set) for r in rows} == {("linact", "bf16", "mlp")}
+    assert {r.shape for r in rows} == set(bench.LINACT_MLP_SHAPES)
+    for t, n, k in bench.LINACT_MLP_SHAPES:  # the up projection of an MLP: N = 4 x hidden
+        assert n == 4 * k and 768 <= k <= 4096 and 4096 <= t <= 16384
+    assert {r.op for r in rows} == set(bench.LINACT_ALL_OPS)
+    assert len(rows) == len(bench.LINACT_MLP_SHAPES) * len(bench.LINACT_ALL_OPS)
+    assert all(r.group == "gemm" for r in bench.plan_rows(False, ["bf16"], ["fwd"], linact_set="mlp"))
+    with pytest.raises(ValueError, match="linact_set must be one of"):
+        bench.plan_rows(False, ["bf16"], ["linact"], linact_set="gpt")
+    args = bench.parse_args(["--what", "linact", "--linact-set", "mlp"])
+    assert bench.cli._planned_rows(args) == bench.plan_rows(
+        False, args.dtypes, ["linact"], linact_set="mlp"
+    )
+    for bad in (
+        ["--linact-set", "mlp", "--what", "fwd"],
+        ["--linact-set", "mlp", "--what", "linact", "--quick"],
+        ["--linact-set", "mlp", "--shapes", "8x8x8"],
+        ["--linact-set", "gpt"],
+    ):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+
+
+def test_linact_mlp_targets_and_table():
+    specs = bench.plan_rows(False, ["bf16"], ["linact"], linact_set="mlp")
+
+    def rows_with(ratio_of):
+        return [
+            {**s.meta(), "status": "ok", "ratio": ratio_of(s), "ours_rate": 1.0} for s in specs
+        ]
+
+    rows = rows_with(lambda s: 1.06)
+    targets = bench.evaluate_targets(rows)
+    assert targets["linact_mlp_eager_min"]["status"] == "PASS"
+    assert targets["linact_mlp_compile_min"]["status"] == "PASS"
+    assert targets["linact_mlp_eager_min"]["n_rows"] == len(bench.LINACT_MLP_SHAPES) * 3
+    # the default-set linact targets do not count the MLP set's rows
+    assert targets["linact_eager_geomean"]["status"] == "n/a"
+    # one relu row against eager below 1.05 misses the eager target, not the compile one
+    worst = ("eager-relu", bench.LINACT_MLP_SHAPES[0])
+    rows = rows_with(lambda s: 1.02 if (s.op, s.shape) == worst else 1.06)
+    targets = bench.evaluate_targets(rows)
+    assert targets["linact_mlp_eager_min"]["status"] == "MISS"
+    assert targets["linact_mlp_eager_min"]["value"] == pytest.approx(1.02)
+    assert targets["linact_mlp_compile_min"]["status"] == "PASS"
+    lines = bench.format_tables(rows)
+    start = next(i for i, line in enumerate(lines) if line.startswith("linact MLP"))
+    table = lines[start + 2 :]
+    assert len(table) == len(bench.LINACT_MLP_SHAPES)
+    first = table[0].split()
+    assert first[0] == "x".join(map(str, bench.LINACT_MLP_SHAPES[0]))
+    # columns: gelu_tanh eg / cp, gelu eg / cp, relu eg / cp
+    assert first[1:] == ["1.060", "1.060", "1.060", "1.060", "1.020", "1.060"]
+    assert not any(line.startswith("bf16") for line in lines)  # not in the GEMM table
 
 
 def test_linact_skipped_without_activation_argument(monkeypatch):
@@ -495,16 +592,18 @@ def test_linact_with_real_torch_compile(monkeypatch):
 
 @pytest.mark.skipif(not _real_linact_supported(), reason="CutlassLinear has no activation= yet")
 @pytest.mark.parametrize("prec", ["bf16", "fp32"])
-def test_linact_case_with_the_real_module(monkeypatch, prec):
+@pytest.mark.parametrize("op", ["eager", "eager-gelu", "eager-relu"])
+def test_linact_case_with_the_real_module(monkeypatch, prec, op):
     patch_bench(monkeypatch, "compile_baseline", lambda module: module)
-    case = bench.build_linact_case("eager", 37, 29, 23, bench.PRECISIONS[prec], device="cpu")
+    case = bench.build_linact_case(op, 37, 29, 23, bench.PRECISIONS[prec], device="cpu")
     with case.context():
         check = case.check()
     assert check["ok"], check["summary"]
 
 
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "relu"])
 @pytest.mark.parametrize("chunk", [1 << 25, 40])
-def test_gelu_tanh_reference_matches_autograd(monkeypatch, chunk):
+def test_linact_reference_matches_autograd(monkeypatch, chunk, activation):
     patch_bench(monkeypatch, "REF_CHUNK_ELEMENTS", chunk)  # 40: x in chunks of 3 rows
     gen = torch.Generator().manual_seed(3)
     m, n, k = 19, 11, 13
@@ -512,10 +611,10 @@ def test_gelu_tanh_reference_matches_autograd(monkeypatch, chunk):
     w = torch.randn(n, k, generator=gen, dtype=torch.float64, requires_grad=True)
     b = torch.randn(n, generator=gen, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(m, n, generator=gen, dtype=torch.float64)
-    y = torch.nn.functional.gelu(x @ w.t() + b, approximate="tanh")
+    y = FAKE_ACTS[activation](x @ w.t() + b)
     y.backward(dy)
     rm, cn, ck = torch.tensor([0, 5, 18]), torch.tensor([1, 10]), torch.tensor([2, 3, 12])
-    refs = bench.gelu_tanh_reference(x, w, b, dy, rm, cn, ck)
+    refs = bench.linact_reference(x, w, b, dy, rm, cn, ck, activation)
     expected = {
         "y": y.detach()[rm][:, cn],
         "dx": x.grad[rm][:, ck],
@@ -817,9 +916,12 @@ def test_targets_all_pass_and_miss():
     assert set(targets) == {t.key for t in bench.TARGETS}
     rows = _full_run_rows(ratio=lambda i, s: 0.5)
     targets = bench.evaluate_targets(rows)
-    assert {t["status"] for k, t in targets.items() if not k.startswith("transformer_")} == {
-        "MISS"
-    }
+    # the transformer-set and MLP-set targets select only rows of those sets: none in this run
+    assert {
+        t["status"]
+        for k, t in targets.items()
+        if not k.startswith(("transformer_", "linact_mlp_"))
+    } == {"MISS"}
     assert targets["bf16_fwd_geomean"]["value"] == pytest.approx(2.0 - 1.5)
     assert targets["bf16_fwd_geomean"]["n_ok"] == len(bench.GEMM_SHAPES)
     assert targets["small_m_fwdbwd_min"]["n_rows"] == 4  # 128 and 16 rows, bf16 and fp16
@@ -996,7 +1098,7 @@ def _fake_gpu(monkeypatch, specs):
 
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench.cutlass_nn, "has_cuda_kernels", lambda: True)
-    patch_bench(monkeypatch, "plan_rows", lambda quick, dtypes, what: list(specs))
+    patch_bench(monkeypatch, "plan_rows", lambda quick, dtypes, what, **kw: list(specs))
     patch_bench(monkeypatch, "CudaTimer", Timer)
     patch_bench(monkeypatch, "cuda_healthy", lambda: True)
     patch_bench(monkeypatch,

@@ -20,7 +20,7 @@ from cutlass_nn.bench.plan import RowSpec
 from cutlass_nn.bench.spec import (
     DEFAULT_L2_BYTES,
     LINACT_ACTIVATION,
-    LINACT_OPS,
+    split_linact_op,
     Precision,
     PRECISIONS,
     REF_CHUNK_ELEMENTS,
@@ -225,8 +225,10 @@ def _fwdbwd_case(m, n, k, prec, rnd, n_sets, sample_gen, device, context) -> Cas
     return Case(fns=fns, check=check, n_sets=n_sets, context=context)
 
 
-def make_linact_module(in_features: int, out_features: int, dtype: torch.dtype) -> nn.Module:
-    """``cutlass_nn.CutlassLinear(..., activation="gelu_tanh")`` on the meta device (the caller
+def make_linact_module(
+    in_features: int, out_features: int, dtype: torch.dtype, activation: str = LINACT_ACTIVATION
+) -> nn.Module:
+    """``cutlass_nn.CutlassLinear(..., activation=activation)`` on the meta device (the caller
     gives it real parameters). SkipRow when this cutlass_nn has no ``activation`` argument."""
     try:
         return cutlass_nn.CutlassLinear(
@@ -235,7 +237,7 @@ def make_linact_module(in_features: int, out_features: int, dtype: torch.dtype) 
             bias=True,
             device="meta",
             dtype=dtype,
-            activation=LINACT_ACTIVATION,
+            activation=activation,
         )
     except TypeError as exc:
         raise SkipRow(
@@ -250,31 +252,55 @@ def compile_baseline(module: nn.Module) -> Callable[[Tensor], Tensor]:
     return torch.compile(module, dynamic=False)
 
 
-def gelu_tanh_reference(
-    x: Tensor, w: Tensor, b: Tensor, dy: Tensor, rm: Tensor, cn: Tensor, ck: Tensor
+# The baselines' activation modules, and the float64 forms of each activation and its derivative
+# (dz = act'(z) * dy) for the references.
+LINACT_TORCH_MODULES: dict[str, Callable[[], nn.Module]] = {
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "gelu": nn.GELU,
+    "relu": nn.ReLU,
+}
+_ACT_FORWARD64: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+_ACT_BACKWARD64: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "gelu_tanh": lambda dy, z: torch.ops.aten.gelu_backward(dy, z, approximate="tanh"),
+    "gelu": lambda dy, z: torch.ops.aten.gelu_backward(dy, z, approximate="none"),
+    "relu": lambda dy, z: torch.where(z > 0, dy, torch.zeros_like(dy)),
+}
+
+
+def linact_reference(
+    x: Tensor,
+    w: Tensor,
+    b: Tensor,
+    dy: Tensor,
+    rm: Tensor,
+    cn: Tensor,
+    ck: Tensor,
+    activation: str = LINACT_ACTIVATION,
 ) -> dict[str, tuple[Tensor, Tensor | None, Tensor]]:
-    """Float64 reference of ``y = gelu_tanh(x @ w.T + b)`` and of its gradients for the
-    incoming gradient ``dy``, on sampled elements: ``{name: (ref64, rows, cols)}`` for y [rm, cn],
-    dx [rm, ck], dw [cn, ck] and db [cn]. dx needs the pre-activation of the sampled rows over all
-    N columns, dw and db that of all M rows over the sampled columns."""
+    """Float64 reference of ``y = act(x @ w.T + b)`` (``activation``: one of
+    LINACT_ACTIVATIONS) and of its gradients for the incoming gradient ``dy``, on sampled
+    elements: ``{name: (ref64, rows, cols)}`` for y [rm, cn], dx [rm, ck], dw [cn, ck] and db [cn].
+    dx needs the pre-activation of the sampled rows over all N columns, dw and db that of all M
+    rows over the sampled columns."""
+    act, act_backward = _ACT_FORWARD64[activation], _ACT_BACKWARD64[activation]
     x, w, b, dy = x.detach(), w.detach(), b.detach(), dy.detach()
     m, k = x.shape
     n = w.shape[0]
     z_rows = sampled_mm(x, w.t(), rm, torch.arange(n, device=x.device)) + b.double()  # [r, N]
-    dz_rows = torch.ops.aten.gelu_backward(
-        dy.index_select(0, rm).double(), z_rows, approximate="tanh"
-    )
+    dz_rows = act_backward(dy.index_select(0, rm).double(), z_rows)
     w_cols = w.index_select(0, cn).double()  # [c, K]
     chunk = max(1, REF_CHUNK_ELEMENTS // max(k, 1))
     z_cols = (
         torch.cat([x[i : i + chunk].double() @ w_cols.t() for i in range(0, m, chunk)])
         + b.index_select(0, cn).double()
     )  # [M, c]
-    dz_cols = torch.ops.aten.gelu_backward(
-        dy.index_select(1, cn).double(), z_cols, approximate="tanh"
-    )
+    dz_cols = act_backward(dy.index_select(1, cn).double(), z_cols)
     return {
-        "y": (F.gelu(z_rows.index_select(1, cn), approximate="tanh"), rm, cn),
+        "y": (act(z_rows.index_select(1, cn)), rm, cn),
         "dx": (dz_rows @ w.index_select(1, ck).double(), rm, ck),
         "dw": (dz_cols.t() @ x.index_select(1, ck).double(), cn, ck),
         "db": (dz_cols.sum(0), None, cn),
@@ -292,12 +318,12 @@ def build_linact_case(
     device="cuda",
     seed: int = 0,
 ) -> Case:
-    """Linear + bias + GELU(tanh), forward+backward: ours is ``CutlassLinear(K, N,
-    activation="gelu_tanh")``, the baseline ``nn.Sequential(nn.Linear, nn.GELU("tanh"))`` run
-    eagerly (op "eager") or through ``torch.compile`` (op "compile"), all three sharing the same
+    """Linear + bias + activation, forward+backward: ours is ``CutlassLinear(K, N,
+    activation=act)``, the baseline ``nn.Sequential(nn.Linear, <act module>)`` run eagerly (op
+    "eager") or through ``torch.compile`` (op "compile"); the activation is GELU(tanh) unless the
+    op names another ("eager-relu", "compile-gelu": split_linact_op), all three sharing the same
     parameters. One step = zero the gradients (set_to_none), forward, backward(dY)."""
-    if op not in LINACT_OPS:
-        raise ValueError(f"unknown linact op {op!r}")
+    baseline, activation = split_linact_op(op)
     dtype = prec.dtype
     es = torch.empty((), dtype=dtype).element_size()
     n_sets = rotation_sets(linact_input_bytes(m, n, k, es), l2_bytes)
@@ -308,25 +334,25 @@ def build_linact_case(
     def rnd(*shape: int) -> Tensor:
         return torch.randn(shape, dtype=dtype, device=device, generator=gen)
 
-    if op == "compile":
+    if baseline == "compile":
         from torch import _dynamo  # heavy: imported only when a compile row runs
 
         _dynamo.reset()  # a fresh cache per row: no recompile limit, no dynamic shapes
     sets = []
     for _ in range(n_sets):
-        ours = make_linact_module(k, n, dtype)
+        ours = make_linact_module(k, n, dtype, activation)
         lin = nn.Linear(k, n, bias=True, device="meta", dtype=dtype)
         lin.weight = nn.Parameter(rnd(n, k))
         lin.bias = nn.Parameter(rnd(n))
         ours.weight, ours.bias = lin.weight, lin.bias  # shared, as the baseline's
-        eager = nn.Sequential(lin, nn.GELU(approximate="tanh"))
+        eager = nn.Sequential(lin, LINACT_TORCH_MODULES[activation]())
         sets.append(
             SimpleNamespace(
                 x=rnd(m, k).requires_grad_(True),
                 dy=rnd(m, n),
                 lin=lin,
                 ours=ours,
-                base=eager if op == "eager" else compile_baseline(eager),
+                base=eager if baseline == "eager" else compile_baseline(eager),
             )
         )
 
@@ -353,7 +379,7 @@ def build_linact_case(
         rm = sample_index(m, SAMPLE, sample_gen, device)
         cn = sample_index(n, SAMPLE, sample_gen, device)
         ck = sample_index(k, SAMPLE, sample_gen, device)
-        refs = gelu_tanh_reference(s.x, s.lin.weight, s.lin.bias, s.dy, rm, cn, ck)
+        refs = linact_reference(s.x, s.lin.weight, s.lin.bias, s.dy, rm, cn, ck, activation)
         items = {key: (got["ours"][key], got["base"][key], *ref) for key, ref in refs.items()}
         result = compare_outputs(items, prec.floor)
         for other in sets[1:]:  # compile (and warm) the baseline on every input set now

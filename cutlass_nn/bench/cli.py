@@ -46,6 +46,7 @@ from cutlass_nn.bench.spec import (
     FULL,
     GEMM_OPS,
     GEMM_SHAPES,
+    LINACT_SETS,
     Precision,
     PRECISION_ORDER,
     PRECISIONS,
@@ -79,8 +80,9 @@ from cutlass_nn.bench.timing import CudaTimer, release_memory, Timer
 def _planned_rows(args: argparse.Namespace) -> list[RowSpec]:
     """plan_rows() for the parsed arguments (the --shapes rows when given)."""
     shapes = getattr(args, "shapes", None)
+    linact_set = getattr(args, "linact_set", "default")
     if shapes is None:
-        return plan_rows(args.quick, args.dtypes, args.what)
+        return plan_rows(args.quick, args.dtypes, args.what, linact_set=linact_set)
     return plan_rows(args.quick, args.dtypes, args.what, shapes, args.shape_set)
 
 
@@ -126,6 +128,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "force_sm80_kernels(); linact = Linear+bias+GELU(tanh) fwd+bwd vs eager and "
         "torch.compile; fp32 = the float32 GEMM subset (the GEMM ops selected, or all). "
         "With --sweep: which of fwd,dgrad,wgrad",
+    )
+    parser.add_argument(
+        "--linact-set",
+        choices=LINACT_SETS,
+        default="default",
+        help="the linact rows: 'default' (GELU(tanh) at the GEMM shapes) or 'mlp' (GPT-2 / "
+        "BERT-style MLP up projections T x 4h x h, h = 768..4096, T = 4096 / 16384, in every "
+        "activation the layer fuses: gelu_tanh, gelu, relu; with their own targets)",
     )
     parser.add_argument(
         "--time-limit",
@@ -209,6 +219,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.plot:
         return args
     args.shape_set = None
+    if args.linact_set != "default" and (
+        args.quick or args.sweep or args.shapes is not None or "linact" not in args.what
+    ):
+        parser.error(
+            f"--linact-set {args.linact_set} picks the linact rows: it needs 'linact' in --what "
+            "and no --quick, --sweep or --shapes"
+        )
     if args.shapes is not None:
         if args.sweep:
             parser.error("--sweep takes its shapes from --sweep-shapes")

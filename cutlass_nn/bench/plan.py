@@ -15,11 +15,15 @@ from cutlass_nn.bench.spec import (
     FP32_SHAPES,
     GEMM_OPS,
     GEMM_SHAPES,
+    LINACT_ACTIVATIONS,
+    LINACT_MLP_SHAPES,
     LINACT_OPS,
     LINACT_QUICK_SHAPES,
+    LINACT_SETS,
     LINACT_SHAPES,
     PRECISIONS,
     QUICK_SHAPES,
+    linact_op,
 )
 from cutlass_nn.bench.stats import add2_bytes, gemm_flops
 
@@ -29,7 +33,7 @@ class RowSpec:
     """One row to measure. ``shape`` is (M, N, K) for "gemm" and "linact", (numel,) for "add2"."""
 
     group: str  # "gemm" | "linact" | "add2"
-    op: str  # GEMM_OPS, LINACT_OPS (the baseline) or ADD2_OPS
+    op: str  # GEMM_OPS, LINACT_ALL_OPS (the baseline, and the activation if not GELU tanh), ADD2_OPS
     precision: str  # PRECISIONS key ("fp32" = IEEE float32 for GEMMs, plain float32 for add2)
     shape: tuple[int, ...]
     shape_set: str | None = None  # "transformer" for the rows of --shapes transformer
@@ -67,12 +71,17 @@ def plan_rows(
     what: Sequence[str],
     gemm_shapes: Sequence[tuple[int, int, int]] | None = None,
     shape_set: str | None = None,
+    linact_set: str = "default",
 ) -> list[RowSpec]:
     """The rows of a run, most important and most predictable first (the run time limit skips
     the tail): 16-bit GEMMs (bf16, then fp16), add2, float32 "highest" GEMMs, linact (bf16; its
     torch.compile baseline compiles first), then the TF32 GEMMs (no target). ``--quick``: fewer
     shapes, add2 in bf16 only, float32 only "highest" at 4096^3. ``gemm_shapes`` (``--shapes``):
-    only 16-bit GEMM rows, of these shapes, tagged with ``shape_set``."""
+    only 16-bit GEMM rows, of these shapes, tagged with ``shape_set``. ``linact_set`` "mlp"
+    (``--linact-set``): the linact rows are LINACT_MLP_SHAPES in every activation of
+    LINACT_ACTIVATIONS, tagged with shape_set "mlp"."""
+    if linact_set not in LINACT_SETS:
+        raise ValueError(f"plan_rows: linact_set must be one of {LINACT_SETS}, got {linact_set!r}")
     gemm_ops = [op for op in GEMM_OPS if op in what]
     if gemm_shapes is not None:
         return [
@@ -97,7 +106,14 @@ def plan_rows(
     if fp32:
         for shape in FP32_QUICK_SHAPES if quick else FP32_SHAPES:
             rows += [RowSpec("gemm", op, "fp32", shape) for op in fp32_ops]
-    if "linact" in what and "bf16" in dtypes:
+    if "linact" in what and "bf16" in dtypes and linact_set == "mlp":
+        rows += [
+            RowSpec("linact", linact_op(baseline, act), "bf16", shape, "mlp")
+            for shape in LINACT_MLP_SHAPES
+            for act in LINACT_ACTIVATIONS
+            for baseline in LINACT_OPS
+        ]
+    elif "linact" in what and "bf16" in dtypes:
         for shape in LINACT_QUICK_SHAPES if quick else LINACT_SHAPES:
             rows += [RowSpec("linact", op, "bf16", shape) for op in LINACT_OPS]
     if fp32 and not quick:

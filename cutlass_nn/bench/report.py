@@ -14,10 +14,13 @@ from typing import Any
 from cutlass_nn.bench.spec import (
     ADD2_OPS,
     GEMM_OPS,
+    LINACT_ACTIVATIONS,
+    LINACT_ALL_OPS,
     LINACT_OPS,
     OP_TITLES,
     PRECISION_ORDER,
     SMALL_M,
+    linact_op,
 )
 from cutlass_nn.bench.stats import _fmt, _fmt_err, _good_ratio, _max_or_nan, geomean, worst_errors
 
@@ -98,6 +101,20 @@ TARGETS: tuple[Target, ...] = (
         ("bf16", "fp16"),
         "geomean",
         1.03,
+    ),
+    # "Fusions", item 5: every fused epilogue at the MLP shapes (--linact-set mlp), each row
+    *(
+        Target(
+            f"linact_mlp_{baseline}_min",
+            f"linact MLP vs {baseline} min",
+            "linact",
+            tuple(linact_op(baseline, act) for act in LINACT_ACTIVATIONS),
+            ("bf16",),
+            "min",
+            threshold,
+            shape_set="mlp",
+        )
+        for baseline, threshold in (("eager", 1.05), ("compile", 1.00))
     ),
     Target(
         "add2_16m_256m_min",
@@ -255,6 +272,8 @@ def _cell(row: dict | None, width: int, show_rate: bool = False) -> str:
 def format_tables(rows: Sequence[dict]) -> list[str]:
     """The compact tables: GEMM ratios per (precision, shape) and add2 GB/s per (dtype, size)."""
     lines: list[str] = []
+    mlp = [r for r in rows if r["group"] == "linact" and r.get("shape_set") == "mlp"]
+    rows = [r for r in rows if not (r["group"] == "linact" and r.get("shape_set") == "mlp")]
     index = {(r["group"], r["op"], r["precision"], r["label"]): r for r in rows}
     gemm_keys = list(
         dict.fromkeys(
@@ -301,6 +320,28 @@ def format_tables(rows: Sequence[dict]) -> list[str]:
                 else:
                     cells.append(f"{'':9} {'':7} {_cell(r, 6)}")
             lines.append(f"{prec:<5} {int(label):>10} " + " ".join(cells))
+    return lines + _format_linact_mlp(mlp)
+
+
+def _format_linact_mlp(rows: Sequence[dict]) -> list[str]:
+    """The --linact-set mlp table: per MLP shape, each activation's ratio against the eager and
+    the torch.compile baseline."""
+    if not rows:
+        return []
+    index = {(r["op"], r["label"]): r for r in rows}
+    header = "".join(f" {act + ' eg':>12} {act + ' cp':>12}" for act in LINACT_ACTIVATIONS)
+    lines = [
+        "linact MLP (Linear + bias + activation fwd+bwd, T x 4h x h): ratio = torch time / ours "
+        "time vs eager (eg) and torch.compile (cp)",
+        f"{'T x 4h x h':<18}{header}",
+    ]
+    for label in dict.fromkeys(r["label"] for r in rows):
+        cells = "".join(
+            " " + _cell(index.get((linact_op(baseline, act), label)), 12)
+            for act in LINACT_ACTIVATIONS
+            for baseline in LINACT_OPS
+        )
+        lines.append(f"{label:<18}{cells}")
     return lines
 
 
@@ -472,7 +513,7 @@ def plot_results(rows: Sequence[dict], path: Path, title: str) -> Path | None:
         sel = [r for r in rows if r["group"] in groups and r["precision"] == prec]
         labels = list(dict.fromkeys(r["label"] for r in sel))
         candidates = (
-            [("gemm", op) for op in GEMM_OPS] + [("linact", op) for op in LINACT_OPS]
+            [("gemm", op) for op in GEMM_OPS] + [("linact", op) for op in LINACT_ALL_OPS]
             if group == "gemm"
             else [(group, op) for op in ADD2_OPS]
         )

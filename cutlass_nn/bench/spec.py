@@ -44,14 +44,50 @@ LINACT_SHAPES: list[tuple[int, int, int]] = [
 ]
 LINACT_QUICK_SHAPES: list[tuple[int, int, int]] = [(16384, 4096, 4096), (2048, 11008, 4096)]
 LINACT_ACTIVATION = "gelu_tanh"  # cutlass_nn's name of F.gelu(approximate="tanh")
+# --linact-set mlp: the fused epilogues at the shapes of GPT-2 / BERT-style MLPs (the up
+# projection, T x 4h x h, hidden h = 768..4096, 4k and 16k tokens), in every activation form the
+# layer fuses; each row tagged shape_set "mlp", with targets of their own.
+LINACT_ACTIVATIONS = ("gelu_tanh", "gelu", "relu")
+LINACT_MLP_SHAPES: list[tuple[int, int, int]] = [
+    (tokens, 4 * hidden, hidden) for hidden in (768, 1024, 2048, 4096) for tokens in (4096, 16384)
+]
+LINACT_SETS = ("default", "mlp")
 ADD2_SIZES: list[int] = [1 << 20, 1 << 24, 1 << 28]  # 1M, 16M, 256M elements
 SMALL_M = 128  # rows with M <= this are "small M" in the summary
 
 # GEMM operations: "sm80" is the forward inside ops.force_sm80_kernels() (CUTLASS 2.x kernels).
 GEMM_OPS = ("fwd", "sm80", "dgrad", "wgrad", "fwdbwd")
 # linact: one row per baseline of CutlassLinear(activation="gelu_tanh") forward+backward: eager
-# nn.Sequential(nn.Linear, nn.GELU("tanh")), and torch.compile of that Sequential.
+# nn.Sequential(nn.Linear, nn.GELU("tanh")), and torch.compile of that Sequential. A row of
+# another activation names it after the baseline: "eager-relu", "compile-gelu" (linact_op).
 LINACT_OPS = ("eager", "compile")
+
+
+def linact_op(baseline: str, activation: str) -> str:
+    """The op of a linact row: the baseline, suffixed with the activation unless it is GELU(tanh)
+    (whose rows keep the names they always had)."""
+    if baseline not in LINACT_OPS or activation not in LINACT_ACTIVATIONS:
+        raise ValueError(
+            f"linact_op: expected a baseline of {LINACT_OPS} and an activation of "
+            f"{LINACT_ACTIVATIONS}, got {baseline!r}, {activation!r}"
+        )
+    return baseline if activation == LINACT_ACTIVATION else f"{baseline}-{activation}"
+
+
+def split_linact_op(op: str) -> tuple[str, str]:
+    """(baseline, activation) of a linact row's op; ValueError for any other name."""
+    baseline, _, activation = op.partition("-")
+    activation = activation or LINACT_ACTIVATION
+    try:
+        canonical = linact_op(baseline, activation)
+    except ValueError:
+        canonical = None
+    if canonical != op:  # also "eager-gelu_tanh" and "eager-": each row has one name
+        raise ValueError(f"unknown linact op {op!r}")
+    return baseline, activation
+
+
+LINACT_ALL_OPS = tuple(linact_op(b, a) for a in LINACT_ACTIVATIONS for b in LINACT_OPS)
 ADD2_OPS = ("fwd", "fwdbwd")
 WHAT_ITEMS = (*GEMM_OPS, "linact", "add2", "fp32")
 OP_TITLES = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from cutlass_nn.bench.spec import LINACT_OPS, REF_CHUNK_ELEMENTS, SAMPLE
+from cutlass_nn.bench.spec import LINACT_ALL_OPS, REF_CHUNK_ELEMENTS, SAMPLE
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -77,7 +77,7 @@ def median_ci95(values: Sequence[float]) -> tuple[float | None, float | None]:
 def gemm_flops(op: str, m: int, n: int, k: int) -> int:
     """2*M*N*K per GEMM; forward+backward is 3 GEMMs (y, dX, dW), and so is a linact row (its
     ops name the baseline). Bias and activation work is not counted."""
-    return (3 if op in ("fwdbwd", *LINACT_OPS) else 1) * 2 * m * n * k
+    return (3 if op in ("fwdbwd", *LINACT_ALL_OPS) else 1) * 2 * m * n * k
 
 
 def add2_bytes(numel: int, element_size: int) -> int:
