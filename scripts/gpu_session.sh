@@ -15,7 +15,8 @@
 #                                        # ($PREBUILT_SO, default .whl/_C.abi3.so.xz)
 #
 # Everything goes under $OUT (the device's output folder). The CUTLASS wheel is expected in
-# .whl/ (README.md, "GPU machine"). Knobs: SWEEP_SHAPES (layer shapes T x N x K, comma-separated;
+# .whl/ (README.md, "GPU machine"). Carry only the file a call needs (the wheel for `build`, the
+# pack for a PREBUILT_SO call): the tracked tree plus the whole .whl/ exceeds the device's 64 MiB. Knobs: SWEEP_SHAPES (layer shapes T x N x K, comma-separated;
 # no sweep when empty), SWEEP_CONFIGS (default all), SWEEP_SWIZZLES (default 1), SWEEP_SPLITS
 # (the stream-K configurations' splits, default the bench's), SWEEP_OPS (default
 # fwd,dgrad,wgrad), PYTEST_TARGETS (default tests/test_cuda_kernel_selection.py), BENCH_TIME
