@@ -41,6 +41,11 @@ case "$step" in
       tee -a "$OUT/build1.log"
     ;;
   check)
+    # A prebuilt extension is unpacked here first, so that a failed unpack stops the step
+    # instead of leaving an older extension in place to be tested and benchmarked.
+    if [ -n "${PREBUILT_SO:-}" ]; then
+      python3 scripts/prebuilt_extension.py unpack "$PREBUILT_SO" cutlass_nn/_C.abi3.so || exit 1
+    fi
     SAVE_SO=1 PYTEST_TARGETS="${PYTEST_TARGETS:-tests/test_cuda_kernel_selection.py}" \
       OUT="$OUT/check" bash scripts/gpu_check.sh -q 2>&1 | tail -15
     # A prebuilt extension (PREBUILT_SO) is tested as it is and not packed again.
