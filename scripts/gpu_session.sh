@@ -16,8 +16,8 @@
 #
 # Everything goes under $OUT (the device's output folder). The CUTLASS wheel is expected in
 # .whl/ (README.md, "GPU machine"). Carry only the file a call needs (the wheel for `build`, the
-# pack for a PREBUILT_SO call): the tracked tree plus the whole .whl/ exceeds the device's 64 MiB. Knobs: SWEEP_SHAPES (layer shapes T x N x K, comma-separated;
-# no sweep when empty), SWEEP_CONFIGS (default all), SWEEP_SWIZZLES (default 1), SWEEP_SPLITS
+# pack for a PREBUILT_SO call): the tracked tree plus the whole .whl/ exceeds the device's 64 MiB.
+# Knobs: SWEEP_SHAPES (layer shapes T x N x K, comma-separated; no sweep when empty), SWEEP_CONFIGS (default all), SWEEP_SWIZZLES (default 1), SWEEP_SPLITS
 # (the stream-K configurations' splits, default the bench's), SWEEP_OPS (default
 # fwd,dgrad,wgrad), PYTEST_TARGETS (default tests/test_cuda_kernel_selection.py), BENCH_TIME
 # (shape-set benchmark's --time-limit, default 200), MODEL_TIME (default 250).
@@ -41,12 +41,14 @@ case "$step" in
       tee -a "$OUT/build1.log"
     ;;
   check)
-    # A prebuilt extension is unpacked here first, so that a failed unpack stops the step
-    # instead of leaving an older extension in place to be tested and benchmarked.
+    # A prebuilt extension is unpacked here, once, so that a failed unpack stops the step
+    # instead of leaving an older extension in place to be tested and benchmarked; gpu_check.sh
+    # then tests it as built in place (SKIP_BUILD=1; its summary gives the extension's MD5).
     if [ -n "${PREBUILT_SO:-}" ]; then
       python3 scripts/prebuilt_extension.py unpack "$PREBUILT_SO" cutlass_nn/_C.abi3.so || exit 1
     fi
-    SAVE_SO=1 PYTEST_TARGETS="${PYTEST_TARGETS:-tests/test_cuda_kernel_selection.py}" \
+    env -u PREBUILT_SO ${PREBUILT_SO:+SKIP_BUILD=1} SAVE_SO=1 \
+      PYTEST_TARGETS="${PYTEST_TARGETS:-tests/test_cuda_kernel_selection.py}" \
       OUT="$OUT/check" bash scripts/gpu_check.sh -q 2>&1 | tail -15
     # A prebuilt extension (PREBUILT_SO) is tested as it is and not packed again.
     if [ -z "${PREBUILT_SO:-}" ] && [ ! -f "$OUT/check/_C.abi3.so.xz" ]; then

@@ -252,17 +252,12 @@ def compile_baseline(module: nn.Module) -> Callable[[Tensor], Tensor]:
     return torch.compile(module, dynamic=False)
 
 
-# The baselines' activation modules, and the float64 forms of each activation and its derivative
-# (dz = act'(z) * dy) for the references.
+# The baselines' activation modules (also the references' float64 forward), and each
+# activation's derivative (dz = act'(z) * dy) for the references.
 LINACT_TORCH_MODULES: dict[str, Callable[[], nn.Module]] = {
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
     "gelu": nn.GELU,
     "relu": nn.ReLU,
-}
-_ACT_FORWARD64: dict[str, Callable[[Tensor], Tensor]] = {
-    "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
-    "gelu": F.gelu,
-    "relu": F.relu,
 }
 _ACT_BACKWARD64: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "gelu_tanh": lambda dy, z: torch.ops.aten.gelu_backward(dy, z, approximate="tanh"),
@@ -286,7 +281,7 @@ def linact_reference(
     elements: ``{name: (ref64, rows, cols)}`` for y [rm, cn], dx [rm, ck], dw [cn, ck] and db [cn].
     dx needs the pre-activation of the sampled rows over all N columns, dw and db that of all M
     rows over the sampled columns."""
-    act, act_backward = _ACT_FORWARD64[activation], _ACT_BACKWARD64[activation]
+    act, act_backward = LINACT_TORCH_MODULES[activation](), _ACT_BACKWARD64[activation]
     x, w, b, dy = x.detach(), w.detach(), b.detach(), dy.detach()
     m, k = x.shape
     n = w.shape[0]
