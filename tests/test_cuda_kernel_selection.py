@@ -285,6 +285,41 @@ def test_small_m_fused_activation_runs_transposed_gemm_then_activation(act, m, g
     assert torch.equal(alone, out)
 
 
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("shape", [(4096, 3072, 768), (2048, 4096, 1024)], ids=["3072x768", "4096x1024"])
+def test_gelu_with_the_pre_activation_runs_the_gemm_then_the_activation(act, shape, gen):
+    """Rules v0.45 / v0.46: linear_act_aux with the erf GELU (the training path of a Linear +
+    GELU layer) runs the rule's GEMM with the bias, then the activation pass, since the fused
+    epilogue's erff costs more than the pass; ReLU and GELU(tanh) (its epilogue math z *
+    sigmoid(2u) with the fast exponential) keep the fused kernel, and so does the inference path
+    (linear_act). Both results are right either way."""
+    needs_sm90()
+    m, n, k = shape
+    F = torch.nn.functional
+    torch_act = {"relu": F.relu, "gelu": F.gelu,
+                 "gelu_tanh": lambda z: F.gelu(z, approximate="tanh")}[act]
+    x = make_matrix(m, k, torch.bfloat16, "contig", gen)
+    w = make_matrix(n, k, torch.bfloat16, "contig", gen)
+    b = make_matrix(1, n, torch.bfloat16, "contig", gen)[0]
+    out, pre = ops.linear_act_aux(x, w, b, act)
+    name = ops.last_kernel_name()
+    if act == "gelu":
+        assert not name.endswith(("gelu", "gelutanh", "_aux")), name
+    else:
+        suffix = {"relu": "relu", "gelu_tanh": "gelutanh"}[act]
+        assert name.endswith(f"pingpong_{suffix}_aux"), name
+    z64 = x.double() @ w.double().t() + b.double()
+    z_torch = F.linear(x, w, b)
+    check_close(pre, z_torch, z64, FLOOR_16, f"{act} pre-activation ({name})")
+    check_close(out, torch_act(z_torch.float()).bfloat16(), torch_act(z64), FLOOR_16,
+                f"{act} output ({name})")
+    alone = ops.linear_act(x, w, b, act)
+    suffix = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelutanh"}[act]
+    assert ops.last_kernel_name().endswith("pingpong_" + suffix), ops.last_kernel_name()
+    check_close(alone, torch_act(z_torch.float()).bfloat16(), torch_act(z64), FLOOR_16,
+                f"{act} inference output")
+
+
 # Misaligned problems large enough (m * n * k >= 2^27) for the padded TMA path.
 ODD_SHAPES = {"odd_kn": (520, 1027, 1029), "odd_m": (515, 1031, 1024), "odd_all": (777, 333, 999)}
 

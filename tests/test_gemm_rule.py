@@ -40,12 +40,20 @@ class Plan(NamedTuple):
     kernel: str  # "-" when no kernel fits
 
 
+# the harness's activation codes (csrc/kernels/activation_math.h's Activation)
+ACTIVATION_CODES = {"relu": 1, "gelu": 2, "gelu_tanh": 3}
+
+
 def plan(harness: Path, op: str, m: int, n: int, k: int, *, out_f32=False, fused=False,
-         config=-1, swizzle=0, splits=0, sms=SMS, c_mode=0, without_c=True, memory_gbps=0) -> Plan:
-    """The harness's plan; c_mode 1 adds a row-broadcast bias, 2 beta = 1 times C; memory_gbps:
-    the device's peak DRAM bandwidth (0: unknown)."""
-    query = (f"{op} {m} {n} {k} {int(out_f32)} {int(fused)} {config} {swizzle} {splits} {sms} "
-             f"{c_mode} {int(without_c)} {memory_gbps}\n")
+         config=-1, swizzle=0, splits=0, sms=SMS, c_mode=0, without_c=True, memory_gbps=0,
+         aux=False) -> Plan:
+    """The harness's plan; fused: True (a bias + ReLU epilogue) or an activation name; aux: the
+    fused epilogue also stores the pre-activation (linear_act_aux); c_mode 1 adds a
+    row-broadcast bias, 2 beta = 1 times C; memory_gbps: the device's peak DRAM bandwidth (0:
+    unknown)."""
+    act = ACTIVATION_CODES[fused] if isinstance(fused, str) else int(fused)
+    query = (f"{op} {m} {n} {k} {int(out_f32)} {act} {config} {swizzle} {splits} {sms} "
+             f"{c_mode} {int(without_c)} {memory_gbps} {int(aux)}\n")
     out = subprocess.run([str(harness)], input=query, capture_output=True, text=True, check=True)
     rule, _, rest = out.stdout.strip().partition(" | ")
     r = tuple(int(v) for v in rule.split())
@@ -448,6 +456,53 @@ def test_fused_epilogue(harness):
     assert (got.config, got.swizzle) == (3, 0) and got.kernel.endswith("pingpong_relu"), got
     got = plan(harness, "fwd", 4096, 3584, 3584, fused=True)
     assert got.config == 3 and got.kernel.endswith("pingpong_relu"), got
+
+
+# v0.45: the MLP shapes of `bench --what linact --linact-set mlp` (T x 4h x h) and a few more
+FUSED_POLICY_SHAPES = [(t, 4 * h, h) for h in (768, 1024, 2048, 4096) for t in (4096, 16384)] + [
+    (16384, 18944, 3584), (4096, 3584, 3584), (2048, 11008, 4096)]
+
+
+@pytest.mark.parametrize("shape", FUSED_POLICY_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gelu_with_the_pre_activation_runs_unfused(harness, shape):
+    """v0.45 / v0.46: the erf GELU epilogue that also stores the pre-activation (the training
+    path) is left to the caller (config -1: the rule's GEMM, then the activation pass); ReLU and
+    GELU(tanh) (whose epilogue math is cheap since v0.46), and GELU without the pre-activation
+    (inference), keep the fused kernels wherever they had them."""
+    m, n, k = shape
+    relu_aux = plan(harness, "fwd", m, n, k, fused="relu", aux=True)
+    assert relu_aux.config == 3 and relu_aux.kernel.endswith("pingpong_relu_aux"), relu_aux
+    # GELU(tanh): fused where the rule's own tile is the fused kernels' (config 3)
+    tanh_aux = plan(harness, "fwd", m, n, k, fused="gelu_tanh", aux=True)
+    if tanh_aux.rule[0] == 3:
+        assert tanh_aux.kernel.endswith("pingpong_gelutanh_aux"), tanh_aux
+    else:
+        assert (tanh_aux.config, tanh_aux.kernel) == (-1, "-"), tanh_aux
+    got = plan(harness, "fwd", m, n, k, fused="gelu", aux=True)
+    assert (got.config, got.kernel) == (-1, "-"), got
+    for act, suffix in (("gelu", "gelu"), ("gelu_tanh", "gelutanh")):
+        inference = plan(harness, "fwd", m, n, k, fused=act)
+        assert inference.config == 3 and inference.kernel.endswith("pingpong_" + suffix), (
+            act, inference)
+    # what the caller then runs: the rule's plain GEMM with the bias, on a real kernel
+    gemm = plan(harness, "fwd", m, n, k, c_mode=1)
+    assert gemm.kernel != "-" and not gemm.kernel.endswith(("relu", "gelu", "gelutanh", "_aux"))
+
+
+def test_gelu_tanh_with_the_pre_activation_follows_the_rules_tile(harness):
+    """v0.46: both cases occur among the MLP shapes: the fused GELU(tanh) kernel at the small
+    ones, the rule's GEMM + pass at the large ones (config 0's tile there)."""
+    small = plan(harness, "fwd", 4096, 3072, 768, fused="gelu_tanh", aux=True)
+    assert small.rule[0] == 3 and small.kernel.endswith("pingpong_gelutanh_aux"), small
+    for shape in ((16384, 16384, 4096), (4096, 16384, 4096)):
+        large = plan(harness, "fwd", *shape, fused="gelu_tanh", aux=True)
+        assert large.rule[0] != 3 and (large.config, large.kernel) == (-1, "-"), (shape, large)
+
+
+def test_forced_configuration_keeps_the_fused_gelu(harness):
+    """A forced configuration (the sweeps, the autotune) still times the fused kernel."""
+    got = plan(harness, "fwd", 4096, 3072, 768, fused="gelu", aux=True, config=3)
+    assert got.config == 3 and got.kernel.endswith("pingpong_gelu_aux"), got
 
 
 # The kernels without a C operand (EpilogueKind::kLinCombNoC): configs 3 and 15 (v0.38), 0 and 14

@@ -607,6 +607,13 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //   * v0.44: v0.40's config-3 clause (pingpong_waves) only on devices of at least 4.5 TB/s peak
 //     DRAM bandwidth (GemmParams::memory_gbps; the H200): on the H100 it lost at every shape it
 //     takes, which keep the 128x192 tile there.
+//   * v0.45: the GELU forms with the pre-activation kept (linear_act_aux: the training path of a
+//     Linear + GELU layer) run unfused, the rule's GEMM with the bias and then the activation
+//     pass (gelu_aux_runs_unfused).
+//   * v0.46: GELU(tanh) back on the fused kernels where the rule's own tile is theirs (config 3),
+//     its epilogue math now z * sigmoid(2u) with the fast exponential and division
+//     (activation_forward_epilogue); the erf form, and GELU(tanh) where the rule picks another
+//     tile, run unfused.
 namespace {
 
 // The transposed configuration (4-7, 16) for a problem under 3/4 of a wave of 128x256 tiles that no
@@ -860,10 +867,33 @@ GemmParams transposed(const GemmParams& p) {
   return t;
 }
 
+// v0.45: whether a GELU epilogue that also stores the pre-activation runs unfused. The fused
+// kernels evaluate erff / tanhf per output in the epilogue, between the tiles' mainloops: on an
+// H100 (2026-12-07, benchmarks/profile_linact.py at 4096 x 3072 x 768, bf16) the fused forward
+// took 59.3 us with GELU(tanh) and 68.3 us with GELU(erf) against 35.2 us for ReLU on the same
+// tile, i.e. 1.9-2.6 us per million outputs of math, where the unfused path's extra cost is one
+// more read of z by the activation pass (about 0.7 us per million at 3 TB/s) and the rule's
+// own tile for the GEMM. The whole fused layer ran at 0.84-1.02 of nn.Linear + nn.GELU, eager
+// or compiled, at the four MLP shapes with h <= 1024 of `bench --what linact --linact-set mlp`
+// (results/bench_nvidia-h100-80gb-hbm3_20261207-141247.json), ReLU at 0.99-1.16 there. ReLU
+// and the inference path (no pre-activation, one output to write) keep the fused kernels.
+// v0.46: GELU(tanh)'s epilogue math is two special-function instructions now
+// (activation_forward_epilogue), so it stays fused where the rule's own choice for the problem,
+// `rule_config`, is the fused kernels' tile anyway; where the rule picks another tile (the large
+// problems: 4096 x 16384 x 4096, 16384 x 16384 x 4096, where config 3's fused forward took 1.7x
+// cuBLAS's time for ReLU too) the rule's GEMM and the pass run instead. The erf form has no such
+// shortcut for erff and runs unfused everywhere.
+bool gelu_aux_runs_unfused(const GemmParams& p, int rule_config) {
+  if (p.aux == nullptr) return false;
+  if (p.activation == Activation::kGelu) return true;
+  return p.activation == Activation::kGeluTanh && rule_config != kActConfig;
+}
+
 // The rule's choice with the overrides of the params applied (sm90_config / swizzle / splits
 // >= their "unset" values). A fused epilogue gets the configuration with fused kernels, or
 // config -1 (no fused kernel: the caller runs GEMM + activation) where the rule transposes a
-// small-M problem, since the transposed GEMM alone beats the fused 128-row tile there.
+// small-M problem, since the transposed GEMM alone beats the fused 128-row tile there, and for
+// a GELU with the pre-activation kept (v0.45 / v0.46, gelu_aux_runs_unfused).
 Sm90Choice resolve_sm90(const GemmParams& p) {
   if (p.dtype_ab == DType::kFloat32) {
     return Sm90Choice{p.fp32_math == Fp32Math::kTf32Split ? kTf32SplitConfig : kTf32Config, 0, 0};
@@ -873,7 +903,9 @@ Sm90Choice resolve_sm90(const GemmParams& p) {
   if (has_fused_epilogue(p)) {
     // A row-major tile in place of the transposed problem counts as transposing: the plain GEMM
     // then runs on it, followed by the activation pass.
-    const bool unfused = is_swapped_config(c.config) || c.stands_in_for_transposed;
+    const bool unfused =
+        is_swapped_config(c.config) || c.stands_in_for_transposed ||
+        gelu_aux_runs_unfused(p, rule_config);
     c.config = unfused && p.sm90_config < 0 ? -1 : kActConfig;
   } else if (p.sm90_config >= 0) {
     c.config = p.sm90_config;

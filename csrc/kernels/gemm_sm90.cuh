@@ -289,14 +289,15 @@ struct EpilogueTileOf<Cfg, std::void_t<typename Cfg::EpilogueTile>> {
 // The activation of a fused epilogue, fixed at compile time (one kernel per activation: a
 // run-time switch over all of them inlined into every epilogue fragment made the first version
 // of these kernels 2.3x slower than the plain GEMM, see benchmarks/NOTES.md). Evaluated on the
-// fp32 value z = acc + bias with the scalar math the elementwise kernels and the CPU reference
-// share (activation_math.h).
+// fp32 value z = acc + bias with activation_math.h's epilogue form: the scalar math the
+// elementwise kernels and the CPU reference share, except GELU(tanh), computed as z * sigmoid(2u)
+// with the fast exponential and division (v0.46: tanhf made the fused forward 1.7x slower).
 template <Activation A>
 struct ActivationOf {
   template <class T>
   struct Fn {
     CUTLASS_HOST_DEVICE T operator()(T const& z) const {
-      return T(activation_forward(A, static_cast<float>(z)));
+      return T(activation_forward_epilogue(A, static_cast<float>(z)));
     }
   };
   template <class T, int N>
@@ -304,7 +305,9 @@ struct ActivationOf {
     CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& z) const {
       cutlass::Array<T, N> out;
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < N; ++i) out[i] = T(activation_forward(A, static_cast<float>(z[i])));
+      for (int i = 0; i < N; ++i) {
+        out[i] = T(activation_forward_epilogue(A, static_cast<float>(z[i])));
+      }
       return out;
     }
   };

@@ -6,12 +6,14 @@
 //
 // Reads one query per line from stdin:  op m n k out_f32 fused config swizzle splits sms
 //   op: fwd (A row-major, B column-major: nn.Linear's forward), dgrad (both row-major), wgrad
-//   (A column-major, B row-major); out_f32: 1 for a float32 output (bf16 otherwise); fused: 1 for
-//   a bias + ReLU epilogue; config / swizzle / splits: the overrides (-1 / 0 / 0 = the rule's);
-//   sms: the multiprocessor count. Three optional trailing fields: c_mode (0: D = A @ B, the
-//   default; 1: plus a row-broadcast bias; 2: plus beta = 1 times C), without_c (1, the
-//   default: plain products may take the kernels without a C operand; 0: not) and memory_gbps
-//   (the device's peak DRAM bandwidth in GB/s; 0, the default: unknown).
+//   (A column-major, B row-major); out_f32: 1 for a float32 output (bf16 otherwise); fused: the
+//   Activation of a bias + activation epilogue (0: none, 1: ReLU, 2: GELU, 3: GELU tanh);
+//   config / swizzle / splits: the overrides (-1 / 0 / 0 = the rule's); sms: the
+//   multiprocessor count. Four optional trailing fields: c_mode (0: D = A @ B, the default; 1:
+//   plus a row-broadcast bias; 2: plus beta = 1 times C), without_c (1, the default: plain
+//   products may take the kernels without a C operand; 0: not), memory_gbps (the device's peak
+//   DRAM bandwidth in GB/s; 0, the default: unknown) and aux (1: the fused epilogue also
+//   stores the pre-activation, as linear_act_aux; 0, the default: not).
 // Writes one line per query:  rule_config rule_swizzle rule_splits | plan_config plan_swizzle
 //   plan_splits transposed kernel_name   (kernel_name "-" where no kernel fits; plan_config -1
 //   then means the fused epilogue is left to the caller: GEMM + activation pass; plan_splits -s
@@ -56,10 +58,15 @@ int main() {
       std::printf("bad query\n");
       continue;
     }
-    int c_mode = 0, without_c = 1, memory_gbps = 0;
+    int c_mode = 0, without_c = 1, memory_gbps = 0, aux = 0;
     if (!(in >> c_mode)) c_mode = 0;
     if (!(in >> without_c)) without_c = 1;
     if (!(in >> memory_gbps)) memory_gbps = 0;
+    if (!(in >> aux)) aux = 0;
+    if (fused < 0 || fused > static_cast<int>(Activation::kGeluTanh)) {
+      std::printf("bad query\n");
+      continue;
+    }
     GemmParams p;
     p.m = m;
     p.n = n;
@@ -88,7 +95,11 @@ int main() {
     }
     p.ldd = n;
     if (fused || c_mode == 1) {
-      if (fused) p.activation = Activation::kReLU;
+      if (fused) p.activation = static_cast<Activation>(fused);
+      if (fused && aux) {
+        p.aux = g_buffer;
+        p.ldaux = n;
+      }
       p.c = g_buffer;
       p.c_row_broadcast = true;
       p.beta = 1.0f;
