@@ -10,13 +10,16 @@ decided at build time from the installed torch and toolkit -- never from
 * CUDA flavor: torch is a CUDA build and ``CUDA_HOME`` holds nvcc. The CPU implementations plus the
   CUDA bindings and CUTLASS kernels are compiled.
 
-Environment knobs (the only three; read in ``cutlass_nn/_build_config.py``):
+Environment knobs (read in ``cutlass_nn/_build_config.py``, the last one here):
 
 * ``CUTLASS_NN_CUDA_ARCHS``: ``;``-separated GPU architectures, default ``90a;80``; ``none``
   forces the CPU flavor.
 * ``MAX_JOBS``: parallel compile jobs (torch's knob; each CUTLASS job needs ~3.5 GB of RAM).
 * ``CUTLASS_DIR``: a CUTLASS source tree (holding ``include/cutlass``) to use instead of the
   headers of the pinned ``nvidia-cutlass`` PyPI package.
+* ``CUTLASS_NN_OBJECT_CACHE``: an object cache of an earlier build
+  (``cutlass_nn/_object_cache.py``): the units whose inputs are unchanged are linked from it
+  instead of compiled.
 
 Install with ``pip install --no-build-isolation .``: the extension must be compiled against the
 torch that is installed, not a copy pip would fetch into an isolated build environment.
@@ -58,6 +61,27 @@ def load_build_config():
 build_config = load_build_config()
 
 
+def load_object_cache():
+    """cutlass_nn/_object_cache.py, loaded by path as the build config is."""
+    path = os.path.join(ROOT, "cutlass_nn", "_object_cache.py")
+    spec = importlib.util.spec_from_file_location("_cutlass_nn_object_cache", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def sources_and_cached_objects(config) -> tuple[list[str], list[str]]:
+    """The sources to compile and the objects to link: with ``CUTLASS_NN_OBJECT_CACHE`` set, the
+    units whose inputs are unchanged come from that cache (cutlass_nn/_object_cache.py)."""
+    archive = os.environ.get("CUTLASS_NN_OBJECT_CACHE")
+    if not archive:
+        return config.sources, []
+    cache = load_object_cache()
+    return cache.restore(config, archive, os.path.join(ROOT, "build", "object_cache"),
+                         log=build_config.log)
+
+
 def read_version() -> str:
     scope: dict = {}
     with open(os.path.join(ROOT, "cutlass_nn", "_version.py")) as f:
@@ -70,17 +94,20 @@ def make_extension():
         config = build_config.extension_config(log=build_config.log)
     except build_config.BuildConfigError as exc:
         sys.exit(str(exc))
+    sources, cached_objects = sources_and_cached_objects(config)
     if not config.with_cuda:
         return cpp_extension.CppExtension(
             "cutlass_nn._C",
-            config.sources,
+            sources,
+            extra_objects=cached_objects,
             define_macros=config.define_macros,
             extra_compile_args={"cxx": config.cxx_flags},
             py_limited_api=True,
         )
     return cpp_extension.CUDAExtension(
         "cutlass_nn._C",
-        config.sources,
+        sources,
+        extra_objects=cached_objects,
         include_dirs=config.include_dirs,
         define_macros=config.define_macros,
         extra_compile_args={"cxx": config.cxx_flags, "nvcc": config.nvcc_flags},

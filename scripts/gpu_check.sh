@@ -15,6 +15,10 @@
 #   SAVE_SO=1: after a successful build, pack the extension into $OUT/_C.abi3.so.xz (one file of
 #   about 14 MB, scripts/prebuilt_extension.py) to carry into later calls.
 #   PREBUILT_SO=path.xz: unpack that extension in place and test it (implies SKIP_BUILD=1).
+#   SAVE_OBJECTS=1 (default with SAVE_SO=1): after a successful build, also save its object
+#   cache to $OUT/objects.tar.xz.partNN (cutlass_nn/_object_cache.py; parts under 16 MiB): carried
+#   into a later build as CUTLASS_NN_OBJECT_CACHE, the units whose inputs did not change are
+#   linked from it instead of compiled.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
@@ -44,6 +48,9 @@ fi
 build_s=$(( $(date +%s) - start ))
 if [ $build_rc -eq 0 ] && [ "${SKIP_BUILD:-0}" != 1 ] && [ "${SAVE_SO:-0}" = 1 ]; then
   python3 scripts/prebuilt_extension.py pack cutlass_nn/_C.abi3.so "$OUT/_C.abi3.so.xz"
+fi
+if [ $build_rc -eq 0 ] && [ "${SKIP_BUILD:-0}" != 1 ] && [ "${SAVE_OBJECTS:-${SAVE_SO:-0}}" = 1 ]; then
+  python3 cutlass_nn/_object_cache.py save build/temp.* "$OUT/objects.tar.xz" build/object_cache
 fi
 echo "build: rc=$build_rc in ${build_s}s (MAX_JOBS=$MAX_JOBS)"
 grep -E "cutlass_nn build:" "$OUT/build.log"

@@ -17,6 +17,10 @@
 # Everything goes under $OUT (the device's output folder). The CUTLASS wheel is expected in
 # .whl/ (README.md, "GPU machine"). Carry only the file a call needs (the wheel for `build`, the
 # pack for a PREBUILT_SO call): the tracked tree plus the whole .whl/ exceeds the device's 64 MiB.
+# An object cache of an earlier build carried in as .whl/objects.tar.xz.partNN (what a `check`
+# step's build leaves in $OUT/check/) is used by the build (CUTLASS_NN_OBJECT_CACHE,
+# cutlass_nn/_object_cache.py): only the units whose inputs changed are compiled; OBJECT_CACHE
+# names another one, OBJECT_CACHE=none builds everything.
 # Knobs: SWEEP_SHAPES (layer shapes T x N x K, comma-separated; no sweep when empty), SWEEP_CONFIGS (default all), SWEEP_SWIZZLES (default 1), SWEEP_SPLITS
 # (the stream-K configurations' splits, default the bench's), SWEEP_OPS (default
 # fwd,dgrad,wgrad), PYTEST_TARGETS (default tests/test_cuda_kernel_selection.py), BENCH_TIME
@@ -31,6 +35,10 @@ site=/tmp/cutlass_site
   python3 -m pip install -q --no-index --no-deps --target "$site" .whl/nvidia_cutlass-*.whl || exit 1
 export PYTHONPATH=$PWD:$site${PYTHONPATH:+:$PYTHONPATH} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PYTHONUNBUFFERED=1 CUTLASS_NN_CUDA_ARCHS=${CUTLASS_NN_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-16}
+object_cache=${OBJECT_CACHE:-.whl/objects.tar.xz}
+if [ "$object_cache" != none ] && ls "$object_cache".part* >/dev/null 2>&1; then
+  export CUTLASS_NN_OBJECT_CACHE=$object_cache
+fi
 
 case "$step" in
   build)

@@ -32,10 +32,14 @@ def environ_knobs(*paths: pathlib.Path) -> set[str]:
     }
 
 
+#: the package's modules that only the build reads (their variables are build knobs)
+BUILD_MODULES = [ROOT / "cutlass_nn" / "_build_config.py", ROOT / "cutlass_nn" / "_object_cache.py"]
+
+
 def test_readme_documents_every_build_knob():
     text = (ROOT / "README.md").read_text()
-    # setup.py and the build description it shares with the JIT build
-    knobs = environ_knobs(ROOT / "setup.py", ROOT / "cutlass_nn" / "_build_config.py")
+    # setup.py, the build description it shares with the JIT build, and its object cache
+    knobs = environ_knobs(*[ROOT / "setup.py", *BUILD_MODULES])
     assert {"CUTLASS_NN_CUDA_ARCHS", "CUTLASS_DIR"} <= knobs, knobs
     for knob in knobs | {"MAX_JOBS"}:
         assert f"`{knob}`" in text, f"{knob} is not documented in README.md"
@@ -45,7 +49,7 @@ def test_readme_documents_every_runtime_knob():
     text = (ROOT / "README.md").read_text()
     runtime = text[text.index("### Runtime environment variables") :]
     package = sorted((ROOT / "cutlass_nn").glob("*.py"))
-    knobs = environ_knobs(*[p for p in package if p.name != "_build_config.py"])
+    knobs = environ_knobs(*[p for p in package if p not in BUILD_MODULES])
     assert "CUTLASS_NN_JIT" in knobs, knobs
     # and the extension's own (read with std::getenv in C++)
     native = {
