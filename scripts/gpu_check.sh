@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of cutlass_nn on a fresh GPU machine with no network:
-#   1. installs the CUTLASS headers from a carried wheel (.whl/nvidia_cutlass-4.2.0.0-*.whl),
+#   1. installs the CUTLASS headers from what was carried into .whl/ (the wheel
+#      nvidia_cutlass-4.2.0.0-*.whl or its small pack cutlass_site.tar.xz: install_cutlass_site.sh),
 #   2. builds the CUDA flavor in place with MAX_JOBS parallel jobs (timed),
 #   3. with SELFTESTS=1, builds and runs the torch-free kernel self-tests (csrc/kernels/tests),
 #   4. runs the whole pytest suite (GPU tests included; PYTEST_WORKERS processes with
@@ -28,7 +29,7 @@ export MAX_JOBS=${MAX_JOBS:-16}
 export PYTHONUNBUFFERED=1
 
 if ! python3 -c "import cutlass_library" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/cutlass_site .whl/nvidia_cutlass-*.whl || exit 1
+  CUTLASS_SITE=/tmp/cutlass_site bash scripts/install_cutlass_site.sh || exit 1
   export PYTHONPATH=/tmp/cutlass_site${PYTHONPATH:+:$PYTHONPATH}
 fi
 CUTLASS_INC=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))")

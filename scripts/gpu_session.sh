@@ -14,9 +14,11 @@
 #   bash scripts/gpu_session.sh models   # the model benchmark on an extension carried back in
 #                                        # ($PREBUILT_SO, default .whl/_C.abi3.so.xz)
 #
-# Everything goes under $OUT (the device's output folder). The CUTLASS wheel is expected in
-# .whl/ (README.md, "GPU machine"). Carry only the file a call needs (the wheel for `build`, the
-# pack for a PREBUILT_SO call): the tracked tree plus the whole .whl/ exceeds the device's 64 MiB.
+# Everything goes under $OUT (the device's output folder). The CUTLASS headers come from .whl/:
+# the small pack .whl/cutlass_site.tar.xz or the wheel (scripts/install_cutlass_site.sh; README.md,
+# "GPU machine"). Carry only the files a call needs (for `build`: cutlass_site.tar.xz, plus the
+# object cache's parts if there is one; for a PREBUILT_SO call: the extension's pack): the tracked
+# tree plus the whole .whl/ exceeds the device's 64 MiB.
 # An object cache of an earlier build carried in as .whl/objects.tar.xz.partNN (what a `check`
 # step's build leaves in $OUT/check/) is used by the build (CUTLASS_NN_OBJECT_CACHE,
 # cutlass_nn/_object_cache.py): only the units whose inputs changed are compiled; OBJECT_CACHE
@@ -31,8 +33,7 @@ OUT=${OUT:?set OUT to the output folder}
 mkdir -p "$OUT"
 step=${1:?usage: gpu_session.sh build|check|models}
 site=/tmp/cutlass_site
-[ -d "$site/cutlass_library" ] ||
-  python3 -m pip install -q --no-index --no-deps --target "$site" .whl/nvidia_cutlass-*.whl || exit 1
+CUTLASS_SITE=$site bash scripts/install_cutlass_site.sh || exit 1
 export PYTHONPATH=$PWD:$site${PYTHONPATH:+:$PYTHONPATH} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PYTHONUNBUFFERED=1 CUTLASS_NN_CUDA_ARCHS=${CUTLASS_NN_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-16}
 object_cache=${OBJECT_CACHE:-.whl/objects.tar.xz}
