@@ -166,6 +166,17 @@ def _ninja_deps(build_temp: Path) -> dict[str, list[str]]:
             for o, d in records.items()}
 
 
+def _newer_than(paths: Iterable[str], mtime: float) -> bool:
+    """Whether a file of ``paths`` is missing or was modified after ``mtime``."""
+    for path in paths:
+        try:
+            if os.stat(path).st_mtime > mtime:
+                return True
+        except OSError:
+            return True
+    return False
+
+
 def _read_parts(archive: str) -> bytes | None:
     """The archive's bytes from its parts (``archive`` is the base name or its first part), or
     None where there is none."""
@@ -246,7 +257,9 @@ def save(config, build_temp: str, archive: str, restored: str | None = None,
     for source in config.sources:
         obj = build_temp_path / object_name(source)
         inputs = deps.get(str(obj))
-        if obj.is_file() and inputs:
+        # A file changed after the build (newer than the object) would key an object it did not
+        # make: such a unit is left out.
+        if obj.is_file() and inputs and not _newer_than(inputs, obj.stat().st_mtime):
             key = unit_key(print_, source, inputs, hashes)
             if key is not None:
                 units[source] = asdict(Entry(key, sorted(set(inputs))))
@@ -256,7 +269,10 @@ def save(config, build_temp: str, archive: str, restored: str | None = None,
             used = json.load(f)
         for source, entry in used["units"].items():
             obj = os.path.join(restored, object_name(source))
-            if source not in units and used.get("fingerprint") == print_ and os.path.isfile(obj):
+            # still what it was keyed on (a file could have changed since the restore)
+            if (source not in units and used.get("fingerprint") == print_
+                    and os.path.isfile(obj)
+                    and unit_key(print_, source, entry["deps"], hashes) == entry["key"]):
                 units[source] = entry
                 files[source] = obj
     manifest = {"format": FORMAT, "fingerprint": print_, "units": units}

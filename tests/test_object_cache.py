@@ -172,3 +172,15 @@ def test_save_keeps_the_units_a_build_took_from_the_cache(build):
                                   log=quiet)
     assert sources == []
     assert b"object of the new csrc/c.cpp" in [Path(o).read_bytes() for o in objects]
+
+
+def test_save_leaves_out_a_unit_whose_file_changed_after_the_build(build):
+    """An edit after the build (the file newer than the object) would otherwise key the old
+    object to the new content."""
+    import os
+    root, temp, config = build
+    later = (temp / "csrc" / "a.o").stat().st_mtime + 10
+    os.utime(root / "csrc" / "common.h", (later, later))
+    assert oc.save(config, str(temp), str(root / "objects.tar.xz"), log=quiet) == 1
+    sources, _ = oc.restore(config, str(root / "objects.tar.xz"), str(root / "r"), log=quiet)
+    assert sources == ["csrc/a.cpp", "csrc/b.cpp"]
