@@ -73,13 +73,15 @@ def load_object_cache():
 
 def sources_and_cached_objects(config) -> tuple[list[str], list[str]]:
     """The sources to compile and the objects to link: with ``CUTLASS_NN_OBJECT_CACHE`` set, the
-    units whose inputs are unchanged come from that cache (cutlass_nn/_object_cache.py)."""
+    units whose inputs are unchanged come from that cache (cutlass_nn/_object_cache.py). Every
+    build writes the cache's run record first, so that its objects can be saved afterwards."""
+    cache = load_object_cache()
+    debug = "--debug" in sys.argv or "-g" in sys.argv
+    print_ = cache.begin_build(config, cpp_extension.CUDA_HOME, debug, log=build_config.log)
     archive = os.environ.get("CUTLASS_NN_OBJECT_CACHE")
     if not archive:
         return config.sources, []
-    cache = load_object_cache()
-    return cache.restore(config, archive, os.path.join(ROOT, "build", "object_cache"),
-                         log=build_config.log)
+    return cache.restore(config, archive, print_, log=build_config.log)
 
 
 def read_version() -> str:

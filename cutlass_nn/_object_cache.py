@@ -1,30 +1,41 @@
 """A content-keyed cache of the extension's compiled objects: a build on a fresh machine takes
 from it every unit whose inputs are unchanged and compiles only the others.
 
-Why: the full CUDA flavor is about 200 units and 6-10 minutes of a 16-core GPU machine, which
+Why: the full CUDA flavor is about 200 units and 6-12 minutes of a 16-core GPU machine, which
 starts bare for every session and keeps nothing once idle; most changes touch one or two units
 (the GEMM rule is one file). With the objects of an earlier build of the same configuration
-carried in, such a change rebuilds in about a minute.
+carried in, such a change needs only those units compiled.
 
-A cache entry is one unit's object plus what it was compiled from: the unit's key is a SHA-256
-over the build's fingerprint (flavor, defines, flags, include directories, torch version, the
-compilers' ``--version`` output) and the path and content of every file the compiler read for
-it (the source and each header, as ninja recorded them). An entry is used only where the key
-computed from the files as they are now is the same, so a changed header recompiles every unit
-that includes it, and a different compiler or flag recompiles everything. The cache never
-decides what a unit contains, only whether it is unchanged.
+Correctness comes first: a stale object linked into the extension would be a silent wrong build.
+So:
+
+* A unit's key is a SHA-256 over the build's fingerprint and the path and content of every file
+  the compiler read for it (the source and each header, from ninja's dependency log). The
+  fingerprint covers the checkout's location, the flavor, defines, flags and include directories,
+  the torch version, the host and CUDA compilers (path and ``--version``), ``setup.py``'s debug
+  flag and the environment variables torch's build and nvcc read (:data:`BUILD_ENVIRONMENT`). An
+  entry is used only where the key computed from the files as they are now is the same.
+* ``setup.py`` calls :func:`begin_build` before every build: it writes the run record
+  ``build/object_cache_run.json`` (once per build folder: the fingerprint, the start time, the
+  sources, and the content hash of every file under ``csrc/`` at that moment). :func:`save` files
+  a unit only if its object was written after that start, no file it read is newer than the
+  object, and every file of the checkout it read still has the content recorded at the start:
+  an object ninja did not rebuild (an edit that kept an old modification time) or a file edited
+  during or after the build is left out, never keyed to content it was not compiled from. The
+  fingerprint is the one the build computed, not recomputed at save time.
+* :func:`restore` never fails a build: a missing, truncated, foreign or unreadable cache is logged
+  and every unit is compiled.
 
 The cache is a ``tar.xz`` archive (``manifest.json`` and ``objects/<source>.o``, the objects
-without their debug information where ``strip`` is found), written in
-parts of at most 15 MiB (``NAME.part00``, ``NAME.part01``, ...) so that each part can travel
-back from the GPU machine.
+without their debug information where ``strip`` is found), written in parts of at most 15 MiB
+(``NAME.part00``, ``NAME.part01``, ...) so that each can travel back from the GPU machine.
 
-* ``setup.py`` reads it when ``CUTLASS_NN_OBJECT_CACHE`` names the archive (its base name or
-  its first part): :func:`restore` returns the sources still to compile and the cached objects
-  to link.
-* ``python3 cutlass_nn/_object_cache.py save BUILD_TEMP ARCHIVE`` writes it after a build
-  (``BUILD_TEMP`` is setuptools' ``build/temp.*`` folder, holding ninja's log of the
-  dependencies), with the entries :func:`restore` used in that build as well.
+* ``setup.py`` reads it when ``CUTLASS_NN_OBJECT_CACHE`` names the archive (its base name or its
+  first part): :func:`restore` returns the sources still to compile and the cached objects to link.
+* ``python3 cutlass_nn/_object_cache.py save BUILD_TEMP ARCHIVE [RESTORED_DIR]`` writes it after a
+  build (``BUILD_TEMP`` is setuptools' ``build/temp.*`` folder, where ninja keeps its dependency
+  log), with the entries :func:`restore` used in that build (``RESTORED_DIR``, by default
+  ``build/object_cache``) as well.
 
 It needs only the standard library and the ``ninja`` of torch's builds; it is loaded by path
 (``setup.py``) or run as a script, never imported through the ``cutlass_nn`` package.
@@ -41,15 +52,29 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import asdict, dataclass
+import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-FORMAT = 1
+FORMAT = 2
 MANIFEST = "manifest.json"
 PART_BYTES = 15 << 20
-#: where restore() extracts the cached objects, and the manifest of those it used
+#: the manifest of the entries restore() used, next to the objects it extracted
 USED_MANIFEST = "used_manifest.json"
+#: the checkout (the folder holding setup.py, csrc/ and cutlass_nn/)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the checkout's compiler inputs, whose content the run record keeps
+CSRC = os.path.join(ROOT, "csrc")
+#: the run record begin_build() writes, once per build folder
+RUN_RECORD = os.path.join(ROOT, "build", "object_cache_run.json")
+#: where setup.py has restore() extract the cached objects
+RESTORED_DIR = os.path.join(ROOT, "build", "object_cache")
+#: environment variables that torch's extension build or nvcc read and that change the objects
+BUILD_ENVIRONMENT = (
+    "CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "PYTORCH_NVCC",
+    "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "TORCH_CUDA_ARCH_LIST",
+    "CUDA_HOME", "CUDA_PATH",
+)
 
 Log = Callable[[str], None]
 
@@ -58,39 +83,38 @@ def _log(msg: str) -> None:
     print(f"cutlass_nn build: {msg}", flush=True)
 
 
-@dataclass
-class Entry:
-    """One unit: its key, and the files (absolute paths) its key covers."""
-
-    key: str
-    deps: list[str]
-
-
-def _tool_version(command: list[str]) -> str:
+def _tool_version(command: str) -> str:
+    """``command --version`` (path and output), or why it could not run."""
+    path = shutil.which(command) or command
     try:
-        out = subprocess.run(command + ["--version"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unavailable: {exc}"
-    return out.stdout.strip()
+        return f"{path}: unavailable: {exc}"
+    return f"{path}: {out.stdout.strip()}"
 
 
-def fingerprint(config) -> str:
+def fingerprint(config, cuda_home: str | None = None, debug: bool = False) -> str:
     """SHA-256 of everything about the build that is not a file the compiler reads: the
-    extension's configuration (``_build_config.ExtensionConfig``) and the compilers' versions."""
-    cuda_home = os.environ.get("CUDA_HOME", "")
+    checkout's location, the extension's configuration (``_build_config.ExtensionConfig``), the
+    compilers, ``setup.py``'s debug flag and :data:`BUILD_ENVIRONMENT`. ``cuda_home`` is the
+    toolkit torch's build uses (``torch.utils.cpp_extension.CUDA_HOME``)."""
+    env = {name: os.environ.get(name, "") for name in BUILD_ENVIRONMENT}
     nvcc = os.path.join(cuda_home, "bin", "nvcc") if cuda_home else "nvcc"
     described = {
         "format": FORMAT,
+        "root": ROOT,
         "flavor": config.flavor,
         "archs": config.archs,
         "define_macros": [list(d) for d in config.define_macros],
         "cxx_flags": config.cxx_flags,
         "nvcc_flags": config.nvcc_flags,
         "include_dirs": config.include_dirs,
-        "CC": os.environ.get("CC", ""),
-        "CXX": os.environ.get("CXX", ""),
-        "cxx_version": _tool_version([os.environ.get("CXX", "c++")]),
-        "nvcc_version": _tool_version([nvcc]) if config.with_cuda else "",
+        "environment": env,
+        "cxx": _tool_version(env["CXX"] or "c++"),
+        "cc": _tool_version(env["CC"]) if env["CC"] else "",
+        "nvcc": _tool_version(nvcc) if config.with_cuda else "",
+        "cuda_home": cuda_home or "",
+        "debug": bool(debug),
         "python": sys.version,
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
@@ -116,8 +140,8 @@ class _FileHashes:
 
 
 def unit_key(print_: str, source: str, deps: Iterable[str], hashes: _FileHashes) -> str | None:
-    """The key of ``source`` (a path relative to the checkout) compiled from ``deps`` under
-    fingerprint ``print_``, or None where one of the files is missing."""
+    """The key of ``source`` (a path relative to the checkout) compiled from ``deps`` (absolute
+    paths) under fingerprint ``print_``, or None where one of the files is missing."""
     h = hashlib.sha256(f"{print_}\0{source}\0".encode())
     for dep in sorted(set(deps)):
         digest = hashes(dep)
@@ -130,6 +154,45 @@ def unit_key(print_: str, source: str, deps: Iterable[str], hashes: _FileHashes)
 def object_name(source: str) -> str:
     """Where setuptools puts the object of ``source`` (relative) under its build folder."""
     return os.path.splitext(source)[0] + ".o"
+
+
+def _checkout_files() -> dict[str, str]:
+    """Content hashes of the checkout's compiler inputs (every file under csrc/), by path."""
+    hashes = _FileHashes()
+    found = {}
+    for folder, _, names in os.walk(CSRC):
+        for name in names:
+            path = os.path.join(folder, name)
+            digest = hashes(path)
+            if digest is not None:
+                found[path] = digest
+    return found
+
+
+def begin_build(config, cuda_home: str | None = None, debug: bool = False,
+                record: str = RUN_RECORD, log: Log = _log) -> str:
+    """Called by setup.py before every build: the build's fingerprint, and the run record
+    ``record`` written unless one of this fingerprint is there already (a build resumed in the
+    same folder keeps the start of its first run). Never raises: a record that cannot be written
+    only means nothing of this build can be saved."""
+    print_ = fingerprint(config, cuda_home, debug)
+    try:
+        with open(record) as f:
+            if json.load(f).get("fingerprint") == print_:
+                return print_
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        os.makedirs(os.path.dirname(record), exist_ok=True)
+        run = {"format": FORMAT, "fingerprint": print_, "start": time.time(),
+               "sources": list(config.sources), "files": _checkout_files()}
+        tmp = record + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(run, f)
+        os.replace(tmp, record)
+    except OSError as exc:
+        log(f"object cache: cannot write the run record {record} ({exc}); this build cannot be saved")
+    return print_
 
 
 def parse_ninja_deps(text: str) -> dict[str, list[str]]:
@@ -154,56 +217,77 @@ def parse_ninja_deps(text: str) -> dict[str, list[str]]:
     return records
 
 
-def _ninja_deps(build_temp: Path) -> dict[str, list[str]]:
+def _ninja_deps(build_temp: str) -> dict[str, list[str]]:
+    """The dependency log of the build in ``build_temp``, every path absolute (ninja names them
+    relative to that folder where build.ninja does). ninja lists only the outputs of the current
+    build.ninja, so objects left over from other builds in the folder do not appear."""
     ninja = shutil.which("ninja")
     if ninja is None:
         raise RuntimeError("object cache: no ninja on PATH to read the build's dependencies")
-    out = subprocess.run([ninja, "-C", str(build_temp), "-t", "deps"], capture_output=True,
-                         text=True, check=True)
-    records = parse_ninja_deps(out.stdout)
-    # ninja prints outputs as build.ninja names them: absolute, or relative to its folder
-    return {str((build_temp / o).resolve()) if not os.path.isabs(o) else o: d
-            for o, d in records.items()}
+    out = subprocess.run([ninja, "-C", build_temp, "-t", "deps"], capture_output=True, text=True,
+                         check=True)
+
+    def absolute(path: str) -> str:
+        return os.path.abspath(os.path.join(build_temp, path))
+
+    return {absolute(o): [absolute(d) for d in deps]
+            for o, deps in parse_ninja_deps(out.stdout).items()}
 
 
-def _newer_than(paths: Iterable[str], mtime: float) -> bool:
-    """Whether a file of ``paths`` is missing or was modified after ``mtime``."""
-    for path in paths:
-        try:
-            if os.stat(path).st_mtime > mtime:
-                return True
-        except OSError:
-            return True
-    return False
+def _part_paths(base: str) -> list[Path]:
+    return sorted(Path(base).parent.glob(Path(base).name + ".part[0-9][0-9]"))
+
+
+def _base_name(archive: str) -> str:
+    return archive[: -len(".part00")] if archive.endswith(".part00") else archive
 
 
 def _read_parts(archive: str) -> bytes | None:
     """The archive's bytes from its parts (``archive`` is the base name or its first part), or
     None where there is none."""
-    base = archive[: -len(".part00")] if archive.endswith(".part00") else archive
-    parts = sorted(Path(base).parent.glob(Path(base).name + ".part[0-9][0-9]"))
+    base = _base_name(archive)
+    parts = _part_paths(base)
     if not parts:
         return Path(base).read_bytes() if Path(base).is_file() else None
+    names = [p.name for p in parts]
+    expected = [f"{Path(base).name}.part{i:02d}" for i in range(len(parts))]
+    if names != expected:
+        raise ValueError(f"the parts are not numbered 00 to {len(parts) - 1:02d}: {names}")
     return b"".join(p.read_bytes() for p in parts)
 
 
 def _write_parts(data: bytes, base: str) -> list[Path]:
+    """Writes ``data`` as ``base``'s parts: all new parts first under temporary names, then the old
+    parts removed and the new ones renamed, so an interrupted save leaves an old or a broken
+    set, which restore() reads as no cache."""
     Path(base).parent.mkdir(parents=True, exist_ok=True)
-    for old in Path(base).parent.glob(Path(base).name + ".part[0-9][0-9]"):
-        old.unlink()
-    written = []
+    fresh = []
     for i in range(0, max(len(data), 1), PART_BYTES):
         path = Path(f"{base}.part{i // PART_BYTES:02d}")
-        path.write_bytes(data[i:i + PART_BYTES])
-        written.append(path)
-    return written
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(data[i:i + PART_BYTES])
+        fresh.append((tmp, path))
+    for old in _part_paths(base):
+        old.unlink()
+    for tmp, path in fresh:
+        tmp.replace(path)
+    return [path for _, path in fresh]
 
 
-def restore(config, archive: str, dest: str, log: Log = _log) -> tuple[list[str], list[str]]:
+def _cheapest(sources: list[str]) -> str:
+    """The source to compile when every unit is cached (torch's build needs one): the smallest
+    C++ file, else the smallest of all."""
+    cxx = [s for s in sources if s.endswith(".cpp")] or sources
+    return min(cxx, key=lambda s: os.path.getsize(os.path.join(ROOT, s)))
+
+
+def restore(config, archive: str, print_: str, dest: str = RESTORED_DIR,
+            log: Log = _log) -> tuple[list[str], list[str]]:
     """``(sources to compile, objects to link)`` for ``config`` (``_build_config.ExtensionConfig``)
-    with the cache at ``archive``: each source whose entry's key matches is replaced by its
-    object, extracted under ``dest`` (emptied first). An unreadable or foreign cache changes
-    nothing (logged)."""
+    under fingerprint ``print_`` (:func:`begin_build`'s) with the cache at ``archive``: each source
+    whose entry's key matches is replaced by its object, extracted under ``dest`` (emptied first).
+    Anything wrong with the cache (missing, truncated, foreign, unreadable) is logged and every
+    unit compiled."""
     sources = list(config.sources)
     shutil.rmtree(dest, ignore_errors=True)
     try:
@@ -211,59 +295,92 @@ def restore(config, archive: str, dest: str, log: Log = _log) -> tuple[list[str]
         if data is None:
             log(f"object cache: none at {archive}; compiling every unit")
             return sources, []
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:xz")
-        manifest = json.load(tar.extractfile(MANIFEST))
-    except (OSError, tarfile.TarError, KeyError, ValueError) as exc:
-        log(f"object cache: {archive} unreadable ({exc}); compiling every unit")
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
+            manifest = json.load(tar.extractfile(MANIFEST))
+            if manifest.get("format") != FORMAT or manifest.get("fingerprint") != print_:
+                log("object cache: made by another checkout, configuration or compiler; "
+                    "compiling every unit")
+                return sources, []
+            hashes = _FileHashes()
+            keep, objects, used = [], [], {}
+            for source in sources:
+                entry = manifest["units"].get(source)
+                if entry is None or unit_key(print_, source, entry["deps"], hashes) != entry["key"]:
+                    keep.append(source)
+                    continue
+                target = os.path.join(dest, object_name(source))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with tar.extractfile("objects/" + object_name(source)) as member, \
+                        open(target, "wb") as f:
+                    shutil.copyfileobj(member, f)
+                objects.append(target)
+                used[source] = entry
+    except Exception as exc:  # noqa: BLE001 - any failure of the cache means: compile everything
+        shutil.rmtree(dest, ignore_errors=True)
+        log(f"object cache: {archive} unusable ({type(exc).__name__}: {exc}); compiling every unit")
         return sources, []
-    print_ = fingerprint(config)
-    if manifest.get("format") != FORMAT or manifest.get("fingerprint") != print_:
-        log("object cache: built with another configuration or compiler; compiling every unit")
-        return sources, []
-    hashes = _FileHashes()
-    keep, objects, used = [], [], {}
-    for source in sources:
-        entry = manifest["units"].get(source)
-        if entry is not None and unit_key(print_, source, entry["deps"], hashes) == entry["key"]:
-            target = os.path.join(dest, object_name(source))
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            member = tar.extractfile("objects/" + object_name(source))
-            with open(target, "wb") as f:
-                shutil.copyfileobj(member, f)
-            objects.append(target)
-            used[source] = entry
-        else:
-            keep.append(source)
+    if not keep:
+        # torch's build needs at least one source to compile
+        source = _cheapest(sources)
+        keep.append(source)
+        objects.remove(os.path.join(dest, object_name(source)))
+        del used[source]
     if used:
         with open(os.path.join(dest, USED_MANIFEST), "w") as f:
             json.dump({"format": FORMAT, "fingerprint": print_, "units": used}, f)
     named = ", ".join(os.path.basename(s) for s in keep[:8]) + (", ..." if len(keep) > 8 else "")
     log(f"object cache: {len(objects)} of {len(sources)} units from {archive}, compiling "
-        f"{len(keep)}" + (f" ({named})" if keep else ""))
+        f"{len(keep)} ({named})")
     return keep, objects
 
 
-def save(config, build_temp: str, archive: str, restored: str | None = None,
-         log: Log = _log) -> int:
-    """Writes the cache of a finished build to ``archive``'s parts: every unit compiled in
-    ``build_temp`` (with the inputs ninja recorded for it) and every unit ``restore`` took from
-    an earlier cache into ``restored``. Returns the number of units."""
-    build_temp_path = Path(build_temp).resolve()
-    deps = _ninja_deps(build_temp_path)
-    print_ = fingerprint(config)
+def _compiled_in_this_build(obj: str, inputs: list[str], run: dict, hashes: _FileHashes) -> bool:
+    """Whether ``obj`` was made by this build from its inputs as they are now: written after the
+    run's start, no input newer than it, and each input of the checkout with the content it had
+    at the start (a file under csrc/ that did not exist then: left out too; files outside the
+    checkout, the toolkits' headers, by their modification times only)."""
+    try:
+        made = os.stat(obj).st_mtime
+    except OSError:
+        return False
+    if made < run["start"]:
+        return False
+    for path in inputs:
+        try:
+            if os.stat(path).st_mtime > made:
+                return False
+        except OSError:
+            return False
+        if path.startswith(CSRC + os.sep) and run["files"].get(path) != hashes(path):
+            return False
+    return True
+
+
+def save(build_temp: str, archive: str, restored: str | None = RESTORED_DIR,
+         record: str = RUN_RECORD, log: Log = _log) -> int:
+    """Writes the cache of a finished build to ``archive``'s parts: the units compiled by this
+    build (:func:`_compiled_in_this_build`) with the inputs ninja recorded for them, and the
+    units :func:`restore` took from an earlier cache into ``restored``, still matching. Uses the
+    run record ``record`` of :func:`begin_build`. Returns the number of units."""
+    with open(record) as f:
+        run = json.load(f)
+    if run.get("format") != FORMAT:
+        raise RuntimeError(f"object cache: {record} is of another format; rebuild first")
+    print_ = run["fingerprint"]
+    build_temp = os.path.abspath(build_temp)
+    deps = _ninja_deps(build_temp)
     hashes = _FileHashes()
     units: dict[str, dict] = {}
     files: dict[str, str] = {}
-    for source in config.sources:
-        obj = build_temp_path / object_name(source)
-        inputs = deps.get(str(obj))
-        # A file changed after the build (newer than the object) would key an object it did not
-        # make: such a unit is left out.
-        if obj.is_file() and inputs and not _newer_than(inputs, obj.stat().st_mtime):
+    for source in run["sources"]:
+        obj = os.path.join(build_temp, object_name(source))
+        inputs = deps.get(obj)
+        if inputs and _compiled_in_this_build(obj, inputs, run, hashes):
             key = unit_key(print_, source, inputs, hashes)
             if key is not None:
-                units[source] = asdict(Entry(key, sorted(set(inputs))))
-                files[source] = str(obj)
+                units[source] = {"key": key, "deps": sorted(set(inputs))}
+                files[source] = obj
+    carried = 0
     if restored and os.path.isfile(os.path.join(restored, USED_MANIFEST)):
         with open(os.path.join(restored, USED_MANIFEST)) as f:
             used = json.load(f)
@@ -275,6 +392,7 @@ def save(config, build_temp: str, archive: str, restored: str | None = None,
                     and unit_key(print_, source, entry["deps"], hashes) == entry["key"]):
                 units[source] = entry
                 files[source] = obj
+                carried += 1
     manifest = {"format": FORMAT, "fingerprint": print_, "units": units}
     strip = shutil.which("strip")
     buf = io.BytesIO()
@@ -296,20 +414,10 @@ def save(config, build_temp: str, archive: str, restored: str | None = None,
                     obj = stripped
             tar.add(obj, arcname="objects/" + object_name(source), recursive=False)
     parts = _write_parts(buf.getvalue(), archive)
-    log(f"object cache: {len(units)} of {len(config.sources)} units saved to {archive} "
-        f"({len(buf.getvalue()) / 2**20:.1f} MiB in {len(parts)} part(s))")
+    log(f"object cache: {len(units)} of {len(run['sources'])} units saved to {archive} "
+        f"({len(units) - carried} compiled by this build, {carried} from the cache it used; "
+        f"{len(buf.getvalue()) / 2**20:.1f} MiB in {len(parts)} part(s))")
     return len(units)
-
-
-def _load_build_config():
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build_config.py")
-    spec = importlib.util.spec_from_file_location("_cutlass_nn_build_config", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def main(argv: list[str]) -> int:
@@ -317,9 +425,8 @@ def main(argv: list[str]) -> int:
         print("usage: python3 cutlass_nn/_object_cache.py save BUILD_TEMP ARCHIVE [RESTORED_DIR]",
               file=sys.stderr)
         return 2
-    config = _load_build_config().extension_config(log=lambda msg: None)
-    restored = argv[3] if len(argv) == 4 else None
-    return 0 if save(config, argv[1], argv[2], restored) > 0 else 1
+    restored = argv[3] if len(argv) == 4 else RESTORED_DIR
+    return 0 if save(argv[1], argv[2], restored) > 0 else 1
 
 
 if __name__ == "__main__":

@@ -51,7 +51,12 @@ if [ $build_rc -eq 0 ] && [ "${SKIP_BUILD:-0}" != 1 ] && [ "${SAVE_SO:-0}" = 1 ]
   python3 scripts/prebuilt_extension.py pack cutlass_nn/_C.abi3.so "$OUT/_C.abi3.so.xz"
 fi
 if [ $build_rc -eq 0 ] && [ "${SKIP_BUILD:-0}" != 1 ] && [ "${SAVE_OBJECTS:-${SAVE_SO:-0}}" = 1 ]; then
-  python3 cutlass_nn/_object_cache.py save build/temp.* "$OUT/objects.tar.xz" build/object_cache
+  build_temp=$(ls -td build/temp.* 2>/dev/null | head -1)
+  if [ -z "$build_temp" ] ||
+      ! python3 cutlass_nn/_object_cache.py save "$build_temp" "$OUT/objects.tar.xz" build/object_cache \
+        >> "$OUT/build.log" 2>&1; then
+    echo "cutlass_nn build: object cache: the save failed (build.log)" >> "$OUT/build.log"
+  fi
 fi
 echo "build: rc=$build_rc in ${build_s}s (MAX_JOBS=$MAX_JOBS)"
 grep -E "cutlass_nn build:" "$OUT/build.log"

@@ -37,6 +37,7 @@ CUTLASS_SITE=$site bash scripts/install_cutlass_site.sh || exit 1
 export PYTHONPATH=$PWD:$site${PYTHONPATH:+:$PYTHONPATH} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PYTHONUNBUFFERED=1 CUTLASS_NN_CUDA_ARCHS=${CUTLASS_NN_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-16}
 object_cache=${OBJECT_CACHE:-.whl/objects.tar.xz}
+object_cache=${object_cache%.part00}
 if [ "$object_cache" != none ] && ls "$object_cache".part* >/dev/null 2>&1; then
   export CUTLASS_NN_OBJECT_CACHE=$object_cache
 fi

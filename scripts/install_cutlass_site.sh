@@ -19,9 +19,19 @@ if [ "${1:-}" = --pack ]; then
   exit 0
 fi
 [ -f "$site/cutlass_library/source/include/cutlass/version.h" ] && exit 0
+# into a fresh folder first, moved into place only when complete: an interrupted run leaves no
+# partial tree that a later run would take for an installed one
+tmp=$(mktemp -d "${site%/}.partial.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
 if [ -f "$pack" ]; then
-  mkdir -p "$site"
-  tar -C "$site" -xJf "$pack"
+  tar -C "$tmp" -xJf "$pack"
 else
-  python3 -m pip install -q --no-index --no-deps --target "$site" .whl/nvidia_cutlass-*.whl
+  python3 -m pip install -q --no-index --no-deps --target "$tmp" .whl/nvidia_cutlass-*.whl
 fi
+mkdir -p "$site"
+rm -rf "$site/cutlass_library"
+mv "$tmp/cutlass_library" "$site/"
+for extra in "$tmp"/*; do  # the wheel's other packages (pycute, ...), where installed from it
+  [ -e "$extra" ] && [ ! -e "$site/$(basename "$extra")" ] && mv "$extra" "$site/"
+done
+exit 0

@@ -1,13 +1,14 @@
 """cutlass_nn/_object_cache.py: the content-keyed cache of compiled objects that lets a build on
-a fresh machine compile only the units whose inputs changed. No compiler runs here: the units
-are small files standing in for sources, headers and objects, and ninja's dependency log is
-given as text."""
+a fresh machine compile only the units whose inputs changed, and never links an object whose
+inputs differ from what it was compiled from. No compiler runs here: small files stand in for
+sources, headers and objects, and ninja's dependency log is given as text."""
 
 from __future__ import annotations
 
 import importlib.util
 import io
 import json
+import os
 import sys
 import tarfile
 from dataclasses import dataclass, field
@@ -39,36 +40,71 @@ class FakeConfig:
         return "cuda" if self.with_cuda else "cpu"
 
 
-@pytest.fixture()
-def build(tmp_path, monkeypatch):
-    """Three units over two headers, "compiled" into build/temp (objects named as setuptools
-    names them), with ninja's dependency log pointing at the files."""
-    src = tmp_path / "csrc"
-    src.mkdir()
-    (src / "common.h").write_text("// common\n")
-    (src / "only_b.h").write_text("// b\n")
-    deps = {"csrc/a.cpp": ["common.h"], "csrc/b.cpp": ["common.h", "only_b.h"],
-            "csrc/c.cpp": []}
-    temp = tmp_path / "build" / "temp"
-    log_lines = []
-    for source, headers in deps.items():
-        (tmp_path / source).write_text(f"// {source}\n")
-        obj = temp / oc.object_name(source)
-        obj.parent.mkdir(parents=True, exist_ok=True)
-        obj.write_bytes(f"object of {source}".encode())
-        inputs = [str(tmp_path / source)] + [str(src / h) for h in headers]
-        log_lines.append(f"{obj}: #deps {len(inputs)}, deps mtime 1 (VALID)")
-        log_lines += [f"    {i}" for i in inputs]
-        log_lines.append("")
-    text = "\n".join(log_lines)
-    monkeypatch.setattr(oc, "_ninja_deps", lambda build_temp: oc.parse_ninja_deps(text))
-    monkeypatch.setattr(oc, "_tool_version", lambda command: "fake compiler 1.0")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path, temp, FakeConfig(sources=list(deps))
+UNITS = {"csrc/a.cpp": ["common.h"], "csrc/b.cpp": ["common.h", "only_b.h"], "csrc/c.cpp": []}
+
+
+class Checkout:
+    """A checkout-shaped folder: csrc/ with three units over two headers, a build folder whose
+    objects a "compiler" writes, and ninja's dependency log of that build."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.temp = root / "build" / "temp"
+        self.record = str(root / "build" / "object_cache_run.json")
+        self.restored = str(root / "build" / "object_cache")
+        self.config = FakeConfig(sources=list(UNITS))
+        (root / "csrc").mkdir()
+        (root / "csrc" / "common.h").write_text("// common\n")
+        (root / "csrc" / "only_b.h").write_text("// b\n")
+        for source in UNITS:
+            (root / source).write_text(f"// {source}\n")
+
+    def inputs(self, source: str) -> list[str]:
+        return [str(self.root / source)] + [str(self.root / "csrc" / h) for h in UNITS[source]]
+
+    def begin(self) -> str:
+        return oc.begin_build(self.config, record=self.record, log=quiet)
+
+    def compile(self, sources=None, tag: str = "") -> None:
+        """Writes the objects of ``sources`` (all) as a build would, now."""
+        for source in sources or UNITS:
+            obj = self.temp / oc.object_name(source)
+            obj.parent.mkdir(parents=True, exist_ok=True)
+            obj.write_bytes(f"object of {source}{tag}".encode())
+
+    def ninja_log(self) -> str:
+        lines = []
+        for source in UNITS:
+            inputs = self.inputs(source)
+            lines.append(f"{self.temp / oc.object_name(source)}: #deps {len(inputs)}, deps mtime 1 (VALID)")
+            lines += [f"    {i}" for i in inputs] + [""]
+        return "\n".join(lines)
+
+    def save(self, archive: str, restored: str | None = None) -> int:
+        return oc.save(str(self.temp), str(self.root / archive), restored, self.record, log=quiet)
+
+    def restore(self, archive: str, print_: str | None = None):
+        print_ = print_ or oc.fingerprint(self.config)
+        return oc.restore(self.config, str(self.root / archive), print_, self.restored, log=quiet)
 
 
 def quiet(msg: str) -> None:
     pass
+
+
+@pytest.fixture()
+def checkout(tmp_path, monkeypatch):
+    co = Checkout(tmp_path)
+    monkeypatch.setattr(oc, "ROOT", str(tmp_path))
+    monkeypatch.setattr(oc, "CSRC", str(tmp_path / "csrc"))
+    monkeypatch.setattr(oc, "_ninja_deps", lambda build_temp: {
+        os.path.abspath(o): d for o, d in oc.parse_ninja_deps(co.ninja_log()).items()})
+    monkeypatch.setattr(oc, "_tool_version", lambda command: "fake compiler 1.0")
+    return co
+
+
+def objects_of(objects) -> list[bytes]:
+    return sorted(Path(o).read_bytes() for o in objects)
 
 
 def test_parse_ninja_deps_keeps_valid_records_only():
@@ -92,95 +128,154 @@ def test_unit_key_follows_content_paths_and_fingerprint(tmp_path):
     assert oc.unit_key("fp", "u.cpp", [str(tmp_path / "gone.h")], oc._FileHashes()) is None
 
 
-def test_unchanged_build_takes_every_unit(build):
-    root, temp, config = build
-    assert oc.save(config, str(temp), str(root / "cache" / "objects.tar.xz"), log=quiet) == 3
-    sources, objects = oc.restore(config, str(root / "cache" / "objects.tar.xz"),
-                                  str(root / "restored"), log=quiet)
-    assert sources == []
-    assert sorted(Path(o).read_bytes() for o in objects) == [
-        b"object of csrc/a.cpp", b"object of csrc/b.cpp", b"object of csrc/c.cpp"]
+def test_fingerprint_covers_checkout_environment_and_debug(checkout, monkeypatch):
+    base = oc.fingerprint(checkout.config)
+    assert base != oc.fingerprint(checkout.config, debug=True)
+    assert base != oc.fingerprint(checkout.config, cuda_home="/usr/local/cuda")
+    assert base != oc.fingerprint(FakeConfig(sources=checkout.config.sources, cxx_flags=["-O2"]))
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", "-G")
+    assert base != oc.fingerprint(checkout.config)
+    monkeypatch.delenv("NVCC_APPEND_FLAGS")
+    monkeypatch.setattr(oc, "ROOT", "/elsewhere")  # another checkout of the same files
+    assert base != oc.fingerprint(checkout.config)
 
 
-def test_changed_header_recompiles_the_units_that_include_it(build):
-    root, temp, config = build
-    oc.save(config, str(temp), str(root / "objects.tar.xz"), log=quiet)
-    (root / "csrc" / "only_b.h").write_text("// b, changed\n")
-    sources, objects = oc.restore(config, str(root / "objects.tar.xz.part00"),
-                                  str(root / "restored"), log=quiet)
+def test_unchanged_build_takes_every_unit_but_one(checkout):
+    """Everything cached: all but the cheapest unit are linked (torch's build needs a source)."""
+    print_ = checkout.begin()
+    checkout.compile()
+    assert checkout.save("cache/objects.tar.xz") == 3
+    sources, objects = checkout.restore("cache/objects.tar.xz", print_)
+    assert len(sources) == 1 and len(objects) == 2
+    assert objects_of(objects) == sorted(
+        f"object of {s}".encode() for s in UNITS if s not in sources)
+
+
+def test_changed_header_recompiles_the_units_that_include_it(checkout):
+    print_ = checkout.begin()
+    checkout.compile()
+    checkout.save("objects.tar.xz")
+    (checkout.root / "csrc" / "only_b.h").write_text("// b, changed\n")
+    sources, objects = checkout.restore("objects.tar.xz.part00", print_)
     assert sources == ["csrc/b.cpp"]
     assert sorted(Path(o).name for o in objects) == ["a.o", "c.o"]
-    (root / "csrc" / "common.h").write_text("// common, changed\n")
-    sources, objects = oc.restore(config, str(root / "objects.tar.xz"), str(root / "restored"),
-                                  log=quiet)
+    (checkout.root / "csrc" / "common.h").write_text("// common, changed\n")
+    sources, objects = checkout.restore("objects.tar.xz", print_)
     assert sources == ["csrc/a.cpp", "csrc/b.cpp"] and [Path(o).name for o in objects] == ["c.o"]
 
 
-def test_other_configuration_or_compiler_takes_nothing(build, monkeypatch):
-    root, temp, config = build
-    oc.save(config, str(temp), str(root / "objects.tar.xz"), log=quiet)
-    flags = FakeConfig(sources=config.sources, cxx_flags=["-O2"])
-    assert oc.restore(flags, str(root / "objects.tar.xz"), str(root / "r"), log=quiet) == (
-        config.sources, [])
+def test_other_configuration_compiler_or_checkout_takes_nothing(checkout, monkeypatch):
+    checkout.begin()
+    checkout.compile()
+    checkout.save("objects.tar.xz")
+    other = oc.fingerprint(FakeConfig(sources=checkout.config.sources, cxx_flags=["-O2"]))
+    assert checkout.restore("objects.tar.xz", other) == (checkout.config.sources, [])
     monkeypatch.setattr(oc, "_tool_version", lambda command: "fake compiler 2.0")
-    assert oc.restore(config, str(root / "objects.tar.xz"), str(root / "r"), log=quiet) == (
-        config.sources, [])
+    assert checkout.restore("objects.tar.xz") == (checkout.config.sources, [])
 
 
-def test_missing_or_broken_cache_compiles_everything(build):
-    root, temp, config = build
+def test_missing_truncated_or_broken_cache_compiles_everything(checkout):
+    print_ = checkout.begin()
+    checkout.compile()
+    checkout.save("good.tar.xz")
     logged = []
-    assert oc.restore(config, str(root / "none.tar.xz"), str(root / "r"), log=logged.append) == (
-        config.sources, [])
-    (root / "broken.tar.xz.part00").write_bytes(b"not an archive")
-    assert oc.restore(config, str(root / "broken.tar.xz"), str(root / "r"),
-                      log=logged.append) == (config.sources, [])
-    assert "none at" in logged[0] and "unreadable" in logged[1], logged
+
+    def restore(name):
+        return oc.restore(checkout.config, str(checkout.root / name), print_, checkout.restored,
+                          log=logged.append)
+
+    everything = (checkout.config.sources, [])
+    assert restore("none.tar.xz") == everything
+    (checkout.root / "broken.tar.xz.part00").write_bytes(b"not an archive")
+    assert restore("broken.tar.xz") == everything
+    data = (checkout.root / "good.tar.xz.part00").read_bytes()
+    (checkout.root / "cut.tar.xz.part00").write_bytes(data[: len(data) // 2])
+    assert restore("cut.tar.xz") == everything
+    (checkout.root / "gap.tar.xz.part00").write_bytes(data)
+    (checkout.root / "gap.tar.xz.part02").write_bytes(b"")
+    assert restore("gap.tar.xz") == everything
+    assert "none at" in logged[0] and all("unusable" in m for m in logged[1:]), logged
+    assert not Path(checkout.restored).exists()
 
 
-def test_parts_split_and_join(build, monkeypatch):
-    root, temp, config = build
+def test_parts_split_join_and_replace(checkout, monkeypatch):
+    checkout.begin()
+    checkout.compile()
     monkeypatch.setattr(oc, "PART_BYTES", 64)
-    oc.save(config, str(temp), str(root / "objects.tar.xz"), log=quiet)
-    parts = sorted(root.glob("objects.tar.xz.part*"))
+    checkout.save("objects.tar.xz")
+    parts = sorted(checkout.root.glob("objects.tar.xz.part*"))
     assert len(parts) > 2 and all(p.stat().st_size <= 64 for p in parts)
     data = b"".join(p.read_bytes() for p in parts)
-    manifest = json.load(tarfile.open(fileobj=io.BytesIO(data), mode="r:xz").extractfile(
-        oc.MANIFEST))
-    assert sorted(manifest["units"]) == config.sources
-    # a second save replaces the old parts instead of leaving stale ones behind
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
+        manifest = json.load(tar.extractfile(oc.MANIFEST))
+    assert sorted(manifest["units"]) == checkout.config.sources
     monkeypatch.setattr(oc, "PART_BYTES", 1 << 20)
-    oc.save(config, str(temp), str(root / "objects.tar.xz"), log=quiet)
-    assert [p.name for p in root.glob("objects.tar.xz.part*")] == ["objects.tar.xz.part00"]
+    checkout.save("objects.tar.xz")
+    assert [p.name for p in checkout.root.glob("objects.tar.xz*")] == ["objects.tar.xz.part00"]
 
 
-def test_save_keeps_the_units_a_build_took_from_the_cache(build):
+def test_save_keeps_the_units_a_build_took_from_the_cache(checkout):
     """A build that compiled one unit and linked two from the cache saves all three, so the
     cache carries over to the next change."""
-    root, temp, config = build
-    oc.save(config, str(temp), str(root / "first.tar.xz"), log=quiet)
-    (root / "csrc" / "c.cpp").write_text("// c, changed\n")
-    sources, _ = oc.restore(config, str(root / "first.tar.xz"), str(root / "restored"),
-                            log=quiet)
+    print_ = checkout.begin()
+    checkout.compile()
+    checkout.save("first.tar.xz")
+    (checkout.root / "csrc" / "c.cpp").write_text("// c, changed\n")
+    # a fresh machine: a new build folder and run record, then the build
+    os.remove(checkout.record)
+    for source in UNITS:
+        (checkout.temp / oc.object_name(source)).unlink()
+    print_ = checkout.begin()
+    sources, _ = checkout.restore("first.tar.xz", print_)
     assert sources == ["csrc/c.cpp"]
-    for unit in ("a", "b"):  # the fresh build folder holds only what it compiled
-        (temp / "csrc" / f"{unit}.o").unlink()
-    (temp / "csrc" / "c.o").write_bytes(b"object of the new csrc/c.cpp")
-    assert oc.save(config, str(temp), str(root / "second.tar.xz"), str(root / "restored"),
-                   log=quiet) == 3
-    sources, objects = oc.restore(config, str(root / "second.tar.xz"), str(root / "again"),
-                                  log=quiet)
-    assert sources == []
-    assert b"object of the new csrc/c.cpp" in [Path(o).read_bytes() for o in objects]
+    checkout.compile(sources, tag=" (new)")
+    assert checkout.save("second.tar.xz", checkout.restored) == 3
+    (checkout.root / "csrc" / "a.cpp").write_text("// a, changed\n")
+    sources, objects = checkout.restore("second.tar.xz", print_)
+    assert sources == ["csrc/a.cpp"]
+    assert b"object of csrc/c.cpp (new)" in objects_of(objects)
 
 
-def test_save_leaves_out_a_unit_whose_file_changed_after_the_build(build):
-    """An edit after the build (the file newer than the object) would otherwise key the old
-    object to the new content."""
-    import os
-    root, temp, config = build
-    later = (temp / "csrc" / "a.o").stat().st_mtime + 10
-    os.utime(root / "csrc" / "common.h", (later, later))
-    assert oc.save(config, str(temp), str(root / "objects.tar.xz"), log=quiet) == 1
-    sources, _ = oc.restore(config, str(root / "objects.tar.xz"), str(root / "r"), log=quiet)
-    assert sources == ["csrc/a.cpp", "csrc/b.cpp"]
+def test_save_leaves_out_objects_this_build_did_not_make(checkout):
+    """An object older than the run record (ninja kept it: an edit that preserved an old
+    modification time) is not keyed to the files as they are now."""
+    checkout.compile()  # before the run began
+    later = (checkout.temp / "csrc" / "a.o").stat().st_mtime + 5
+    checkout.begin()
+    with open(checkout.record) as f:
+        run = json.load(f)
+    run["start"] = later
+    with open(checkout.record, "w") as f:
+        json.dump(run, f)
+    assert checkout.save("objects.tar.xz") == 0
+
+
+def test_save_leaves_out_units_whose_files_changed_during_or_after_the_build(checkout):
+    checkout.begin()
+    checkout.compile()
+    # an edit that kept the old modification time: only the content shows it
+    header = checkout.root / "csrc" / "only_b.h"
+    stat = header.stat()
+    header.write_text("// b, edited during the build\n")
+    os.utime(header, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    # an edit after the build, with a newer time
+    source = checkout.root / "csrc" / "c.cpp"
+    source.write_text("// c, edited after\n")
+    later = (checkout.temp / "csrc" / "c.o").stat().st_mtime + 5
+    os.utime(source, (later, later))
+    assert checkout.save("objects.tar.xz") == 1
+    sources, _ = checkout.restore("objects.tar.xz")
+    assert "csrc/a.cpp" not in sources
+
+
+def test_a_resumed_build_keeps_its_first_run_record(checkout):
+    """The GPU machine's build runs over two setup.py calls in one build folder: the second
+    keeps the first's start, so the objects of the first call are saved too."""
+    checkout.begin()
+    with open(checkout.record) as f:
+        first = json.load(f)["start"]
+    checkout.compile()
+    checkout.begin()
+    with open(checkout.record) as f:
+        assert json.load(f)["start"] == first
+    assert checkout.save("objects.tar.xz") == 3
