@@ -87,7 +87,8 @@ def _tool_version(command: str) -> str:
     """``command --version`` (path and output), or why it could not run."""
     path = shutil.which(command) or command
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([path, "--version"], capture_output=True, text=True,
+                             errors="replace", stdin=subprocess.DEVNULL, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{path}: unavailable: {exc}"
     return f"{path}: {out.stdout.strip()}"
@@ -111,7 +112,10 @@ def fingerprint(config, cuda_home: str | None = None, debug: bool = False) -> st
         "include_dirs": config.include_dirs,
         "environment": env,
         "cxx": _tool_version(env["CXX"] or "c++"),
+        # nvcc's host compiler without CC / NVCC_CCBIN: the gcc / g++ found on PATH
         "cc": _tool_version(env["CC"]) if env["CC"] else "",
+        "gcc": _tool_version("gcc"),
+        "g++": _tool_version("g++"),
         "nvcc": _tool_version(nvcc) if config.with_cuda else "",
         "cuda_home": cuda_home or "",
         "debug": bool(debug),
@@ -121,10 +125,22 @@ def fingerprint(config, cuda_home: str | None = None, debug: bool = False) -> st
 
 
 class _FileHashes:
-    """SHA-256 of files, each read once (the units share most of their headers)."""
+    """SHA-256 of files, each read once (the units share most of their headers), and the files
+    under csrc/ by name (:meth:`namesakes`)."""
 
     def __init__(self) -> None:
         self._seen: dict[str, str | None] = {}
+        self._by_name: dict[str, list[str]] | None = None
+
+    def namesakes(self, path: str) -> list[str]:
+        """The files under csrc/ named like ``path``: a new one could be the file an include
+        now finds instead of ``path`` (earlier on the include path), so they enter the key."""
+        if self._by_name is None:
+            self._by_name = {}
+            for folder, _, names in os.walk(CSRC):
+                for name in names:
+                    self._by_name.setdefault(name, []).append(os.path.join(folder, name))
+        return sorted(self._by_name.get(os.path.basename(path), []))
 
     def __call__(self, path: str) -> str | None:
         if path not in self._seen:
@@ -143,11 +159,11 @@ def unit_key(print_: str, source: str, deps: Iterable[str], hashes: _FileHashes)
     """The key of ``source`` (a path relative to the checkout) compiled from ``deps`` (absolute
     paths) under fingerprint ``print_``, or None where one of the files is missing."""
     h = hashlib.sha256(f"{print_}\0{source}\0".encode())
-    for dep in sorted(set(deps)):
+    for dep in sorted(set(deps) | {os.path.join(ROOT, source)}):
         digest = hashes(dep)
         if digest is None:
             return None
-        h.update(f"{dep}\0{digest}\0".encode())
+        h.update(f"{dep}\0{digest}\0{chr(1).join(hashes.namesakes(dep))}\0".encode())
     return h.hexdigest()
 
 
@@ -179,6 +195,8 @@ def begin_build(config, cuda_home: str | None = None, debug: bool = False,
     try:
         with open(record) as f:
             if json.load(f).get("fingerprint") == print_:
+                # A later run in the same folder keeps the first run's start and csrc/ content:
+                # a file changed since then keys no unit (save compares against the record).
                 return print_
     except (OSError, ValueError, AttributeError):
         pass
@@ -186,8 +204,8 @@ def begin_build(config, cuda_home: str | None = None, debug: bool = False,
         os.makedirs(os.path.dirname(record), exist_ok=True)
         run = {"format": FORMAT, "fingerprint": print_, "start": time.time(),
                "sources": list(config.sources), "files": _checkout_files()}
-        tmp = record + ".tmp"
-        with open(tmp, "w") as f:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(record), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
             json.dump(run, f)
         os.replace(tmp, record)
     except OSError as exc:
@@ -302,19 +320,26 @@ def restore(config, archive: str, print_: str, dest: str = RESTORED_DIR,
                     "compiling every unit")
                 return sources, []
             hashes = _FileHashes()
-            keep, objects, used = [], [], {}
+            keep, used = [], {}
             for source in sources:
                 entry = manifest["units"].get(source)
                 if entry is None or unit_key(print_, source, entry["deps"], hashes) != entry["key"]:
                     keep.append(source)
-                    continue
-                target = os.path.join(dest, object_name(source))
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                with tar.extractfile("objects/" + object_name(source)) as member, \
-                        open(target, "wb") as f:
-                    shutil.copyfileobj(member, f)
-                objects.append(target)
-                used[source] = entry
+                else:
+                    used[source] = entry
+            # one pass over the archive, in its order (each seek back in an xz stream would
+            # decompress it from the start again)
+            wanted = {"objects/" + object_name(source): source for source in used}
+            for member in tar:
+                if member.name in wanted:
+                    target = os.path.join(dest, object_name(wanted.pop(member.name)))
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    with tar.extractfile(member) as data, open(target, "wb") as f:
+                        shutil.copyfileobj(data, f)
+            if wanted:
+                raise KeyError(f"objects missing from the archive: {sorted(wanted)[:3]}")
+            objects = [os.path.join(dest, object_name(source)) for source in sources
+                       if source in used]
     except Exception as exc:  # noqa: BLE001 - any failure of the cache means: compile everything
         shutil.rmtree(dest, ignore_errors=True)
         log(f"object cache: {archive} unusable ({type(exc).__name__}: {exc}); compiling every unit")
@@ -334,22 +359,25 @@ def restore(config, archive: str, print_: str, dest: str = RESTORED_DIR,
     return keep, objects
 
 
-def _compiled_in_this_build(obj: str, inputs: list[str], run: dict, hashes: _FileHashes) -> bool:
-    """Whether ``obj`` was made by this build from its inputs as they are now: written after the
-    run's start, no input newer than it, and each input of the checkout with the content it had
-    at the start (a file under csrc/ that did not exist then: left out too; files outside the
-    checkout, the toolkits' headers, by their modification times only)."""
+def _compiled_in_this_build(obj: str, inputs: list[str], start: float, run: dict,
+                            hashes: _FileHashes) -> bool:
+    """Whether ``obj`` was made by this build from its inputs as they are now: written at or
+    after the run's ``start``, no input modified or changed in any way after it (the later of a
+    file's modification and status-change times: a copy or an unpacked archive can set the
+    first back, not the second), and each input under csrc/ with the content it had at the
+    start (a file that did not exist then: left out too)."""
     try:
         made = os.stat(obj).st_mtime
     except OSError:
         return False
-    if made < run["start"]:
+    if made < start:
         return False
     for path in inputs:
         try:
-            if os.stat(path).st_mtime > made:
-                return False
+            info = os.stat(path)
         except OSError:
+            return False
+        if max(info.st_mtime, info.st_ctime) > made:
             return False
         if path.startswith(CSRC + os.sep) and run["files"].get(path) != hashes(path):
             return False
@@ -366,6 +394,9 @@ def save(build_temp: str, archive: str, restored: str | None = RESTORED_DIR,
         run = json.load(f)
     if run.get("format") != FORMAT:
         raise RuntimeError(f"object cache: {record} is of another format; rebuild first")
+    # the run's start on the file system's own clock and granularity (an object written in the
+    # same tick as the record is not older than it)
+    start = min(run["start"], os.stat(record).st_mtime)
     print_ = run["fingerprint"]
     build_temp = os.path.abspath(build_temp)
     deps = _ninja_deps(build_temp)
@@ -375,7 +406,7 @@ def save(build_temp: str, archive: str, restored: str | None = RESTORED_DIR,
     for source in run["sources"]:
         obj = os.path.join(build_temp, object_name(source))
         inputs = deps.get(obj)
-        if inputs and _compiled_in_this_build(obj, inputs, run, hashes):
+        if inputs and _compiled_in_this_build(obj, inputs, start, run, hashes):
             key = unit_key(print_, source, inputs, hashes)
             if key is not None:
                 units[source] = {"key": key, "deps": sorted(set(inputs))}

@@ -38,7 +38,7 @@ export PYTHONPATH=$PWD:$site${PYTHONPATH:+:$PYTHONPATH} CUDA_HOME=${CUDA_HOME:-/
 export PYTHONUNBUFFERED=1 CUTLASS_NN_CUDA_ARCHS=${CUTLASS_NN_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-16}
 object_cache=${OBJECT_CACHE:-.whl/objects.tar.xz}
 object_cache=${object_cache%.part00}
-if [ "$object_cache" != none ] && ls "$object_cache".part* >/dev/null 2>&1; then
+if [ "$object_cache" != none ] && { ls "$object_cache".part* >/dev/null 2>&1 || [ -f "$object_cache" ]; }; then
   export CUTLASS_NN_OBJECT_CACHE=$object_cache
 fi
 

@@ -11,16 +11,17 @@ site=${CUTLASS_SITE:-/tmp/cutlass_site}
 pack=.whl/cutlass_site.tar.xz
 if [ "${1:-}" = --pack ]; then
   tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
   python3 -m pip install -q --no-index --no-deps --target "$tmp" .whl/nvidia_cutlass-*.whl
   tar -C "$tmp" -cJf "$pack" $(cd "$tmp" && ls cutlass_library/*.py) cutlass_library/source/include \
     cutlass_library/source/tools/util/include
-  rm -rf "$tmp"
   echo "install_cutlass_site: wrote $pack ($(stat -c %s "$pack") bytes)"
   exit 0
 fi
 [ -f "$site/cutlass_library/source/include/cutlass/version.h" ] && exit 0
 # into a fresh folder first, moved into place only when complete: an interrupted run leaves no
 # partial tree that a later run would take for an installed one
+mkdir -p "$(dirname "${site%/}")"
 tmp=$(mktemp -d "${site%/}.partial.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 if [ -f "$pack" ]; then

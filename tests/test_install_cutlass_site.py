@@ -55,3 +55,20 @@ def test_fails_without_headers_or_wheel(checkout, tmp_path):
     (checkout / ".whl" / "cutlass_site.tar.xz").unlink()
     done = run(checkout, tmp_path / "site")
     assert done.returncode != 0
+
+
+def test_installs_into_a_site_whose_folder_does_not_exist_yet(checkout, tmp_path):
+    site = tmp_path / "deeper" / "still" / "site"
+    done = run(checkout, site)
+    assert done.returncode == 0, done.stderr
+    assert (site / "cutlass_library" / "__init__.py").is_file()
+    # nothing half-installed is left beside it
+    assert [p.name for p in site.parent.iterdir()] == ["site"]
+
+
+def test_a_failed_install_leaves_no_partial_tree(checkout, tmp_path):
+    (checkout / ".whl" / "cutlass_site.tar.xz").write_bytes(b"not an archive")
+    site = tmp_path / "site"
+    assert run(checkout, site).returncode != 0
+    assert not (site / "cutlass_library").exists()
+    assert not list(tmp_path.glob("site.partial.*"))

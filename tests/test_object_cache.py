@@ -41,6 +41,8 @@ class FakeConfig:
 
 
 UNITS = {"csrc/a.cpp": ["common.h"], "csrc/b.cpp": ["common.h", "only_b.h"], "csrc/c.cpp": []}
+#: a header outside the checkout's csrc/ (a toolkit's), read by b.cpp
+EXTERNAL = "toolkit/include/gemm.h"
 
 
 class Checkout:
@@ -56,11 +58,15 @@ class Checkout:
         (root / "csrc").mkdir()
         (root / "csrc" / "common.h").write_text("// common\n")
         (root / "csrc" / "only_b.h").write_text("// b\n")
+        (root / EXTERNAL).parent.mkdir(parents=True)
+        (root / EXTERNAL).write_text("// gemm v1\n")
         for source in UNITS:
             (root / source).write_text(f"// {source}\n")
 
     def inputs(self, source: str) -> list[str]:
-        return [str(self.root / source)] + [str(self.root / "csrc" / h) for h in UNITS[source]]
+        external = [str(self.root / EXTERNAL)] if source == "csrc/b.cpp" else []
+        return ([str(self.root / source)] + [str(self.root / "csrc" / h) for h in UNITS[source]]
+                + external)
 
     def begin(self) -> str:
         return oc.begin_build(self.config, record=self.record, log=quiet)
@@ -114,18 +120,29 @@ def test_parse_ninja_deps_keeps_valid_records_only():
     assert oc.parse_ninja_deps(text) == {"/b/x.o": ["/s/x.cpp", "/s/h.h"], "z.o": ["/s/z.cpp"]}
 
 
-def test_unit_key_follows_content_paths_and_fingerprint(tmp_path):
-    a, b = tmp_path / "a.h", tmp_path / "b.h"
-    a.write_text("1")
-    b.write_text("2")
-    key = oc.unit_key("fp", "u.cpp", [str(a), str(b)], oc._FileHashes())
-    assert key == oc.unit_key("fp", "u.cpp", [str(b), str(a), str(a)], oc._FileHashes())
-    assert key != oc.unit_key("fp2", "u.cpp", [str(a), str(b)], oc._FileHashes())
-    assert key != oc.unit_key("fp", "v.cpp", [str(a), str(b)], oc._FileHashes())
-    assert key != oc.unit_key("fp", "u.cpp", [str(a)], oc._FileHashes())
-    a.write_text("1 changed")
-    assert key != oc.unit_key("fp", "u.cpp", [str(a), str(b)], oc._FileHashes())
-    assert oc.unit_key("fp", "u.cpp", [str(tmp_path / "gone.h")], oc._FileHashes()) is None
+def test_unit_key_follows_content_paths_namesakes_and_fingerprint(checkout):
+    root = checkout.root
+    a, b = str(root / "csrc" / "common.h"), str(root / "csrc" / "only_b.h")
+
+    def key(print_="fp", source="csrc/b.cpp", deps=(a, b)):
+        return oc.unit_key(print_, source, deps, oc._FileHashes())
+
+    first = key()
+    assert first == key(deps=(b, a, a))
+    assert first != key(print_="fp2") and first != key(source="csrc/a.cpp")
+    assert first != key(deps=(a,))
+    (root / "csrc" / "common.h").write_text("// common, changed\n")
+    second = key()
+    assert second != first
+    # a new file of the same name elsewhere under csrc/ could be what an include finds now
+    (root / "csrc" / "sub").mkdir()
+    (root / "csrc" / "sub" / "common.h").write_text("// shadows\n")
+    shadowed = key()
+    assert shadowed != second
+    # the unit's own source counts even where the dependency log leaves it out (deps a, b only)
+    (root / "csrc" / "b.cpp").write_text("// b, changed\n")
+    assert key() != shadowed
+    assert key(deps=(str(root / "gone.h"),)) is None
 
 
 def test_fingerprint_covers_checkout_environment_and_debug(checkout, monkeypatch):
@@ -279,3 +296,55 @@ def test_a_resumed_build_keeps_its_first_run_record(checkout):
     with open(checkout.record) as f:
         assert json.load(f)["start"] == first
     assert checkout.save("objects.tar.xz") == 3
+
+
+def test_save_leaves_out_a_unit_whose_external_header_was_replaced_with_an_old_time(checkout):
+    """A toolkit header re-extracted from an archive keeps its archived modification time; its
+    status-change time shows the change."""
+    checkout.begin()
+    checkout.compile()
+    header = checkout.root / EXTERNAL
+    old = header.stat()
+    header.write_text("// gemm v2\n")
+    os.utime(header, ns=(old.st_atime_ns, old.st_mtime_ns))
+    assert checkout.save("objects.tar.xz") == 2
+    sources, _ = checkout.restore("objects.tar.xz")
+    assert "csrc/b.cpp" in sources
+
+
+def test_save_rechecks_the_units_it_carries_from_the_cache(checkout):
+    print_ = checkout.begin()
+    checkout.compile()
+    checkout.save("first.tar.xz")
+    os.remove(checkout.record)
+    for source in UNITS:
+        (checkout.temp / oc.object_name(source)).unlink()
+    print_ = checkout.begin()
+    checkout.restore("first.tar.xz", print_)
+    # changed between the restore and the save: the carried entry no longer matches
+    (checkout.root / "csrc" / "only_b.h").write_text("// b, changed after the restore\n")
+    checkout.compile(["csrc/c.cpp"])  # what this build compiled (c.cpp went back to compile)
+    saved = checkout.save("second.tar.xz", checkout.restored)
+    with tarfile.open(checkout.root / "second.tar.xz.part00", mode="r:xz") as tar:
+        units = json.load(tar.extractfile(oc.MANIFEST))["units"]
+    assert "csrc/b.cpp" not in units and saved == len(units)
+
+
+def test_restore_empties_its_folder_first(checkout):
+    print_ = checkout.begin()
+    checkout.compile()
+    checkout.save("objects.tar.xz")
+    stale = Path(checkout.restored) / "csrc" / "stale.o"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"from an older build")
+    checkout.restore("objects.tar.xz", print_)
+    assert not stale.exists()
+
+
+def test_save_leaves_out_a_unit_whose_checkout_file_differs_from_the_run_record(checkout):
+    """Edited after the run began, even before its compile: the record's content is what the
+    key would otherwise claim."""
+    checkout.begin()
+    (checkout.root / "csrc" / "c.cpp").write_text("// c, edited after the run began\n")
+    checkout.compile()
+    assert checkout.save("objects.tar.xz") == 2
