@@ -45,43 +45,34 @@ except ImportError:  # pragma: no cover - explained to the user
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-def load_build_config():
-    """cutlass_nn/_build_config.py, loaded by path: the one description of the build (flavor,
-    sources, defines, flags), shared with the JIT build (cutlass_nn/jit.py). Importing it as
-    ``cutlass_nn._build_config`` would import the package, which needs the extension not yet built.
-    """
-    path = os.path.join(ROOT, "cutlass_nn", "_build_config.py")
-    spec = importlib.util.spec_from_file_location("_cutlass_nn_build_config", path)
+def load_by_path(filename: str):
+    """cutlass_nn/<filename>, loaded by path. The build's modules (_build_config: the one
+    description of the build, shared with the JIT build cutlass_nn/jit.py; _object_cache) are
+    not imported as ``cutlass_nn.<name>``: that would import the package, which needs the
+    extension not yet built."""
+    path = os.path.join(ROOT, "cutlass_nn", filename)
+    name = "_cutlass_nn_" + os.path.splitext(filename)[0].lstrip("_")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up in sys.modules
     spec.loader.exec_module(module)
     return module
 
 
-build_config = load_build_config()
-
-
-def load_object_cache():
-    """cutlass_nn/_object_cache.py, loaded by path as the build config is."""
-    path = os.path.join(ROOT, "cutlass_nn", "_object_cache.py")
-    spec = importlib.util.spec_from_file_location("_cutlass_nn_object_cache", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+build_config = load_by_path("_build_config.py")
+object_cache = load_by_path("_object_cache.py")
 
 
 def sources_and_cached_objects(config) -> tuple[list[str], list[str]]:
     """The sources to compile and the objects to link: with ``CUTLASS_NN_OBJECT_CACHE`` set, the
     units whose inputs are unchanged come from that cache (cutlass_nn/_object_cache.py). Every
     build writes the cache's run record first, so that its objects can be saved afterwards."""
-    cache = load_object_cache()
     debug = "--debug" in sys.argv or "-g" in sys.argv
-    print_ = cache.begin_build(config, cpp_extension.CUDA_HOME, debug, log=build_config.log)
+    print_ = object_cache.begin_build(config, cpp_extension.CUDA_HOME, debug, log=build_config.log)
     archive = os.environ.get("CUTLASS_NN_OBJECT_CACHE")
     if not archive:
         return config.sources, []
-    return cache.restore(config, archive, print_, log=build_config.log)
+    return object_cache.restore(config, archive, print_, log=build_config.log)
 
 
 def read_version() -> str:

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 import cutlass_nn  # noqa: F401  (registers torch.ops.cutlass_nn)
+from cutlass_nn.bench.spec import Settings
+from cutlass_nn.bench.timing import CudaTimer
 
 TORCH_ACT = {
     "relu": F.relu,
@@ -31,26 +33,20 @@ TORCH_ACT = {
 FUSED_CONFIG = 3  # the SM90 configuration of the fused-activation kernels (gemm_dispatch.cu)
 
 
-def median_us(fn, reps: int) -> float:
-    """Median GPU time of fn() in microseconds, each call between two CUDA events, after a
-    warm-up. A short sleep kernel is queued before the start event so that the GPU is still busy
-    when fn's kernels are launched: the time is the kernels' own, not the host's launch cost."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(100_000)  # about 50 us at the H100's clock, longer than a launch
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
+def median_us(timer: CudaTimer, fn) -> float:
+    """Median GPU time of fn() in microseconds: the benchmark's own timer (CUDA events around each
+    call, after a warm-up, with a sleep kernel queued ahead so that the times are the kernels'
+    own and not the host's launch cost)."""
+    return statistics.median(timer({"fn": lambda _set: fn()}, 1)["fn"]) * 1000.0
 
 
-def probe(m: int, n: int, k: int, activation: str, swizzles: list[int], reps: int) -> list[str]:
+def make_timer(reps: int) -> CudaTimer:
+    """A timer of exactly ``reps`` repetitions per function."""
+    return CudaTimer(Settings(budget_ms=0.0, min_reps=reps, max_reps=reps, warmup=3,
+                              row_cap_ms=float("inf"), time_limit_s=float("inf")))
+
+
+def probe(m: int, n: int, k: int, activation: str, swizzles: list[int], timer: CudaTimer) -> list[str]:
     """One line per way of computing act(x @ W.T + b) at [m, k] x [n, k]."""
     ops = torch.ops.cutlass_nn
     gen = torch.Generator(device="cuda").manual_seed(m + n + k)
@@ -67,11 +63,11 @@ def probe(m: int, n: int, k: int, activation: str, swizzles: list[int], reps: in
         "ours linear_act_aux, rule": lambda: ops.linear_act_aux(x, w, b, activation),
     }
     for name, fn in rows.items():
-        lines.append(f"  {name:<34} {median_us(fn, reps):9.1f} us")
+        lines.append(f"  {name:<34} {median_us(timer, fn):9.1f} us")
     for swizzle in swizzles:
         previous = ops._set_gemm_config(FUSED_CONFIG, swizzle, 0)
         try:
-            t = median_us(lambda: ops.linear_act_aux(x, w, b, activation), reps)
+            t = median_us(timer, lambda: ops.linear_act_aux(x, w, b, activation))
         finally:
             ops._set_gemm_config(previous[0], previous[1], previous[2])
         lines.append(f"  {'ours linear_act_aux, swizzle ' + str(swizzle):<34} {t:9.1f} us")
@@ -98,12 +94,13 @@ def main() -> None:
         if a not in TORCH_ACT:
             parser.error(f"--activations: choose from {','.join(TORCH_ACT)}, got {a!r}")
     swizzles = [int(s) for s in args.swizzles.split(",") if s]
+    timer = make_timer(args.reps)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16; median GPU time of "
           f"one forward call ({args.reps} calls)")
     for m, n, k in shapes:
         for a in activations:
             print(f"{m}x{n}x{k} {a}")
-            for line in probe(m, n, k, a, swizzles, args.reps):
+            for line in probe(m, n, k, a, swizzles, timer):
                 print(line)
 
 
