@@ -286,13 +286,15 @@ def test_small_m_fused_activation_runs_transposed_gemm_then_activation(act, m, g
 
 
 @pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh"])
-@pytest.mark.parametrize("shape", [(4096, 3072, 768), (2048, 4096, 1024)], ids=["3072x768", "4096x1024"])
+@pytest.mark.parametrize("shape", [(4096, 3072, 768), (2048, 4096, 1024), (2048, 4096, 2048)],
+                         ids=["3072x768", "4096x1024", "4096x2048"])
 def test_gelu_with_the_pre_activation_runs_the_gemm_then_the_activation(act, shape, gen):
-    """Rules v0.45 / v0.46: linear_act_aux with the erf GELU (the training path of a Linear +
+    """Rules v0.45 - v0.47: linear_act_aux with the erf GELU (the training path of a Linear +
     GELU layer) runs the rule's GEMM with the bias, then the activation pass, since the fused
-    epilogue's erff costs more than the pass; ReLU and GELU(tanh) (its epilogue math z *
-    sigmoid(2u) with the fast exponential) keep the fused kernel, and so does the inference path
-    (linear_act). Both results are right either way."""
+    epilogue's erff costs more than the pass, except over K >= 2048 (v0.47: the mainloop hides
+    it); ReLU and GELU(tanh) (its epilogue math z * sigmoid(2u) with the fast exponential) keep
+    the fused kernel, and so does the inference path (linear_act). Both results are right
+    either way."""
     needs_sm90()
     m, n, k = shape
     F = torch.nn.functional
@@ -303,10 +305,10 @@ def test_gelu_with_the_pre_activation_runs_the_gemm_then_the_activation(act, sha
     b = make_matrix(1, n, torch.bfloat16, "contig", gen)[0]
     out, pre = ops.linear_act_aux(x, w, b, act)
     name = ops.last_kernel_name()
-    if act == "gelu":
+    if act == "gelu" and k < 2048:
         assert not name.endswith(("gelu", "gelutanh", "_aux")), name
     else:
-        suffix = {"relu": "relu", "gelu_tanh": "gelutanh"}[act]
+        suffix = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelutanh"}[act]
         assert name.endswith(f"pingpong_{suffix}_aux"), name
     z64 = x.double() @ w.double().t() + b.double()
     z_torch = F.linear(x, w, b)
@@ -318,6 +320,43 @@ def test_gelu_with_the_pre_activation_runs_the_gemm_then_the_activation(act, sha
     assert ops.last_kernel_name().endswith("pingpong_" + suffix), ops.last_kernel_name()
     check_close(alone, torch_act(z_torch.float()).bfloat16(), torch_act(z64), FLOOR_16,
                 f"{act} inference output")
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu_tanh", "gelu"])
+@pytest.mark.parametrize("aux", [False, True], ids=["linear_act", "linear_act_aux"])
+def test_fused_walk_restreaming_a_large_operand_runs_unfused(act, aux, gen):
+    """Rule v0.47: where config 3's walk over its tiles would stream an operand of more than 40
+    MiB once per row of tiles (B of 16384 x 5120 x 4224: 41.25 MiB) and the rule's tile is
+    another, a fused epilogue runs the rule's GEMM and then the activation pass; at 5120 x
+    4096 (exactly 40 MiB) it stays on the fused kernel, the erf GELU with the pre-activation
+    too (K >= 2048). Right results on both paths."""
+    needs_sm90()
+    F = torch.nn.functional
+    torch_act = {"relu": F.relu, "gelu": F.gelu,
+                 "gelu_tanh": lambda z: F.gelu(z, approximate="tanh")}[act]
+    suffix = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelutanh"}[act]
+    for k, fused in ((4096, True), (4224, False)):
+        m, n = 16384, 5120
+        x = make_matrix(m, k, torch.bfloat16, "contig", gen)
+        w = make_matrix(n, k, torch.bfloat16, "contig", gen)
+        b = make_matrix(1, n, torch.bfloat16, "contig", gen)[0]
+        if aux:
+            out, pre = ops.linear_act_aux(x, w, b, act)
+        else:
+            out = ops.linear_act(x, w, b, act)
+        name = ops.last_kernel_name()
+        context = f"{act} {m}x{n}x{k} ({name})"
+        if fused:
+            assert name.endswith(f"pingpong_{suffix}_aux" if aux else f"pingpong_{suffix}"), context
+        else:
+            assert not name.endswith(("relu", "gelu", "gelutanh", "_aux")), context
+        z64 = x.double() @ w.double().t() + b.double()
+        z_torch = F.linear(x, w, b)
+        if aux:
+            check_close(pre, z_torch, z64, FLOOR_16, f"{context} pre-activation")
+        check_close(out, torch_act(z_torch.float()).bfloat16(), torch_act(z64), FLOOR_16,
+                    f"{context} output")
+        del z64
 
 
 # Misaligned problems large enough (m * n * k >= 2^27) for the padded TMA path.

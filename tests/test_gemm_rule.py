@@ -451,9 +451,14 @@ def test_fused_epilogue(harness):
     # likewise where v0.25 gives the transposed problem to the 128x192 tile
     got = plan(harness, "fwd", 1024, 2816, 2816, fused=True)
     assert (got.config, got.kernel) == (-1, "-"), got
-    # elsewhere the fused ping-pong kernels, without config 0's swizzle
-    got = plan(harness, "fwd", 16384, 18944, 3584, fused=True)
+    # elsewhere the fused ping-pong kernels, with CUTLASS's own walk (swizzle 0) where the
+    # rule's tile is config 0
+    assert plan(harness, "fwd", 4096, 16384, 4096).rule[0] == 0
+    got = plan(harness, "fwd", 4096, 16384, 4096, fused=True)
     assert (got.config, got.swizzle) == (3, 0) and got.kernel.endswith("pingpong_relu"), got
+    # v0.47: unless that walk would re-stream an operand larger than the L2 (A: 16384 x 3584)
+    got = plan(harness, "fwd", 16384, 18944, 3584, fused=True)
+    assert (got.config, got.kernel) == (-1, "-"), got
     got = plan(harness, "fwd", 4096, 3584, 3584, fused=True)
     assert got.config == 3 and got.kernel.endswith("pingpong_relu"), got
 
@@ -463,40 +468,89 @@ FUSED_POLICY_SHAPES = [(t, 4 * h, h) for h in (768, 1024, 2048, 4096) for t in (
     (16384, 18944, 3584), (4096, 3584, 3584), (2048, 11008, 4096)]
 
 
+# v0.47: the shapes among them where config 3's walk would re-stream an operand of more than
+# 40 MB (B of 16384 x 16384 x 4096, A of 16384 x 18944 x 3584) and the rule's tile is config 0
+RESTREAMING_SHAPES = {(16384, 16384, 4096), (16384, 18944, 3584)}
+
+
 @pytest.mark.parametrize("shape", FUSED_POLICY_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_gelu_with_the_pre_activation_runs_unfused(harness, shape):
-    """v0.45 / v0.46: the erf GELU epilogue that also stores the pre-activation (the training
-    path) is left to the caller (config -1: the rule's GEMM, then the activation pass); ReLU and
-    GELU(tanh) (whose epilogue math is cheap since v0.46), and GELU without the pre-activation
-    (inference), keep the fused kernels wherever they had them."""
+    """v0.45 - v0.47: the erf GELU epilogue that also stores the pre-activation (the training
+    path) is left to the caller (config -1: the rule's GEMM, then the activation pass) over
+    K < 2048; every fused epilogue (ReLU, GELU(tanh), the erf form over K >= 2048, and GELU
+    without the pre-activation: inference) keeps the fused kernels wherever config 3's walk does
+    not re-stream a large operand (v0.47), whatever the rule's own tile."""
     m, n, k = shape
-    relu_aux = plan(harness, "fwd", m, n, k, fused="relu", aux=True)
-    assert relu_aux.config == 3 and relu_aux.kernel.endswith("pingpong_relu_aux"), relu_aux
-    # GELU(tanh): fused where the rule's own tile is the fused kernels' (config 3)
-    tanh_aux = plan(harness, "fwd", m, n, k, fused="gelu_tanh", aux=True)
-    if tanh_aux.rule[0] == 3:
-        assert tanh_aux.kernel.endswith("pingpong_gelutanh_aux"), tanh_aux
-    else:
-        assert (tanh_aux.config, tanh_aux.kernel) == (-1, "-"), tanh_aux
-    got = plan(harness, "fwd", m, n, k, fused="gelu", aux=True)
-    assert (got.config, got.kernel) == (-1, "-"), got
+    restreams = shape in RESTREAMING_SHAPES
+    for act, suffix in (("relu", "relu"), ("gelu_tanh", "gelutanh"), ("gelu", "gelu")):
+        got = plan(harness, "fwd", m, n, k, fused=act, aux=True)
+        if restreams or (act == "gelu" and k < 2048):
+            assert (got.config, got.kernel) == (-1, "-"), (act, got)
+        else:
+            assert got.config == 3 and got.kernel.endswith(f"pingpong_{suffix}_aux"), (act, got)
     for act, suffix in (("gelu", "gelu"), ("gelu_tanh", "gelutanh")):
         inference = plan(harness, "fwd", m, n, k, fused=act)
-        assert inference.config == 3 and inference.kernel.endswith("pingpong_" + suffix), (
-            act, inference)
+        if restreams:
+            assert (inference.config, inference.kernel) == (-1, "-"), (act, inference)
+        else:
+            assert inference.config == 3 and inference.kernel.endswith("pingpong_" + suffix), (
+                act, inference)
     # what the caller then runs: the rule's plain GEMM with the bias, on a real kernel
     gemm = plan(harness, "fwd", m, n, k, c_mode=1)
     assert gemm.kernel != "-" and not gemm.kernel.endswith(("relu", "gelu", "gelutanh", "_aux"))
 
 
-def test_gelu_tanh_with_the_pre_activation_follows_the_rules_tile(harness):
-    """v0.46: both cases occur among the MLP shapes: the fused GELU(tanh) kernel at the small
-    ones, the rule's GEMM + pass at the large ones (config 0's tile there)."""
+def test_gelu_with_the_pre_activation_fused_beside_the_rules_tile(harness):
+    """v0.47: GELU(tanh) and, over K >= 2048, the erf form with the pre-activation run fused
+    where the rule's own tile is another (config 0 at 4096 x 16384 x 4096: the fused forward was
+    faster there, 820-896 against 954-1017 us unfused), but not where config 3's walk re-streams
+    an operand (16384 x 16384 x 4096)."""
     small = plan(harness, "fwd", 4096, 3072, 768, fused="gelu_tanh", aux=True)
     assert small.rule[0] == 3 and small.kernel.endswith("pingpong_gelutanh_aux"), small
-    for shape in ((16384, 16384, 4096), (4096, 16384, 4096)):
-        large = plan(harness, "fwd", *shape, fused="gelu_tanh", aux=True)
-        assert large.rule[0] != 3 and (large.config, large.kernel) == (-1, "-"), (shape, large)
+    for act, suffix in (("gelu_tanh", "gelutanh"), ("gelu", "gelu")):
+        beside = plan(harness, "fwd", 4096, 16384, 4096, fused=act, aux=True)
+        assert beside.rule[0] == 0 and beside.kernel.endswith(f"pingpong_{suffix}_aux"), beside
+        large = plan(harness, "fwd", 16384, 16384, 4096, fused=act, aux=True)
+        assert large.rule[0] == 0 and (large.config, large.kernel) == (-1, "-"), large
+
+
+def test_erf_gelu_with_the_pre_activation_fused_over_long_k(harness):
+    """v0.47: the erf GELU + pre-activation back on the fused kernel over K >= 2048 (the MLP
+    shapes with h >= 2048 whose walk keeps the operands in L2), unfused over shorter K."""
+    for shape in ((4096, 8192, 2048), (16384, 8192, 2048), (2048, 11008, 4096),
+                  (4096, 16384, 4096)):
+        got = plan(harness, "fwd", *shape, fused="gelu", aux=True)
+        assert got.config == 3 and got.kernel.endswith("pingpong_gelu_aux"), (shape, got)
+    for shape in ((4096, 3072, 768), (16384, 4096, 1024), (4096, 8192, 2047)):
+        got = plan(harness, "fwd", *shape, fused="gelu", aux=True)
+        assert got.rule[0] == 3 and (got.config, got.kernel) == (-1, "-"), (shape, got)
+
+
+def test_fused_walk_restreaming_a_large_operand_runs_unfused(harness):
+    """v0.47: config 3's walk (along N when there are at least as many tile rows as columns,
+    streaming B once per row; along M otherwise, A once per column) decides with the operand's
+    bytes against 40 MB, for every fused epilogue, where the rule's tile is another."""
+    cases = {
+        (16384, 16384, 4096): True,  # along N, B 128 MB
+        (16384, 8192, 2048): False,  # along N, B 32 MB (and the rule's tile is config 3)
+        (4096, 16384, 4096): False,  # along M, A 32 MB
+        (8192, 16384, 4096): True,  # along M, A 64 MB
+        (8192, 8192, 8192): True,  # along N (equal counts), B 128 MB
+    }
+    for shape, unfused in cases.items():
+        for aux in (False, True):
+            got = plan(harness, "fwd", *shape, fused="relu", aux=aux)
+            if unfused:
+                assert got.rule[0] != 3 and (got.config, got.kernel) == (-1, "-"), (shape, got)
+            else:
+                assert got.config == 3 and got.kernel.endswith(
+                    "pingpong_relu_aux" if aux else "pingpong_relu"), (shape, got)
+    # the bound itself, 40 MiB of B (n x k x 2 bytes): 5120 x 4096 is exactly at it (fused),
+    # 5120 x 4224 over it (unfused), both walking along N on config 0's rule
+    at = plan(harness, "fwd", 16384, 5120, 4096, fused="relu")
+    over = plan(harness, "fwd", 16384, 5120, 4224, fused="relu")
+    assert at.rule[0] == over.rule[0] == 0, (at, over)
+    assert at.config == 3 and (over.config, over.kernel) == (-1, "-"), (at, over)
 
 
 def test_forced_configuration_keeps_the_fused_gelu(harness):

@@ -614,6 +614,11 @@ bool tile64x128_replaces_transposed(const GemmParams& p, const Sm90Choice& row_m
 //     its epilogue math now z * sigmoid(2u) with the fast exponential and division
 //     (activation_forward_epilogue); the erf form, and GELU(tanh) where the rule picks another
 //     tile, run unfused.
+//   * v0.47: any fused epilogue runs unfused where config 3's walk over the tiles would stream an
+//     operand larger than the L2 once per row (or column) of tiles and the rule picks another
+//     tile (fused_walk_restreams_operand: 16384 x 16384 x 4096); elsewhere GELU(tanh) with the
+//     pre-activation is fused whatever the rule's tile, and the erf form too over K >= 2048,
+//     where the mainloop hides its epilogue.
 namespace {
 
 // The transposed configuration (4-7, 16) for a problem under 3/4 of a wave of 128x256 tiles that no
@@ -867,6 +872,33 @@ GemmParams transposed(const GemmParams& p) {
   return t;
 }
 
+// v0.47: the operand bytes that config 3's fused kernels may stream once per row (column) of
+// tiles without paying for it: what the 50 MB L2 of the H100 and H200 keeps between the CTAs that
+// read it. Measured on both sides (H100, ReLU, fused forward time / the rule's GEMM + the pass,
+// results/probe_linact_forward_nvidia-h100-80gb-hbm3_20261207-155343.txt and -155728.txt): 32 MB
+// (4096 x 16384 x 4096, 16384 x 8192 x 2048) 0.84-0.90, 128 MB (16384 x 16384 x 4096) 1.28.
+constexpr int64_t kFusedWalkOperandBytes = int64_t{40} << 20;
+
+// v0.47: whether config 3's fused kernel would re-stream an operand from DRAM once per row or
+// column of its 128x128 tiles. CUTLASS's persistent scheduler (RasterOrderOptions::Heuristic,
+// no swizzle) walks along N when the problem has at least as many tile rows as tile columns:
+// the CTAs in flight then share one row of A while the whole of B streams past them, once per
+// row of tiles; along M otherwise, A streaming once per column (the tile counts rounded up to the
+// 1x2 cluster, as the scheduler counts them). An operand that the L2 keeps is read from DRAM
+// about once; a larger one costs tiles x its bytes: at 16384 x 16384 x 4096, 128 rows x 128 MiB
+// of B = 16 GiB, about 5.1 ms at the H100's 3.35 TB/s, near the fused forward's measured 4.8-5.4
+// ms at swizzles 1 and 2 for every activation (swizzle 4, which walks four rows together, 4.2-4.6;
+// results/probe_linact_forward_..._20261207-155728.txt: ReLU 4936 us against 3497 + 356 for the
+// rule's GEMM and the pass). Only where the rule's own tile is another one (config 0 at these
+// sizes): on config 3 the plain GEMM would walk alike.
+bool fused_walk_restreams_operand(const GemmParams& p, int rule_config) {
+  if (rule_config == kActConfig) return false;
+  const int64_t tiles_m = ceil_div(p.m, 128), tiles_n = ceil_div(ceil_div(p.n, 128), 2) * 2;
+  const int64_t streamed = tiles_m >= tiles_n ? p.n : p.m;  // B's rows along N, A's along M
+  const int64_t bytes = streamed * p.k * static_cast<int64_t>(element_size(p.dtype_ab));
+  return bytes > kFusedWalkOperandBytes;
+}
+
 // v0.45: whether a GELU epilogue that also stores the pre-activation runs unfused. The fused
 // kernels evaluate erff / tanhf per output in the epilogue, between the tiles' mainloops: on an
 // H100 (2026-12-07, benchmarks/profile_linact.py at 4096 x 3072 x 768, bf16) the fused forward
@@ -878,22 +910,29 @@ GemmParams transposed(const GemmParams& p) {
 // (results/bench_nvidia-h100-80gb-hbm3_20261207-141247.json), ReLU at 0.99-1.16 there. ReLU
 // and the inference path (no pre-activation, one output to write) keep the fused kernels.
 // v0.46: GELU(tanh)'s epilogue math is two special-function instructions now
-// (activation_forward_epilogue), so it stays fused where the rule's own choice for the problem,
-// `rule_config`, is the fused kernels' tile anyway; where the rule picks another tile (the large
-// problems: 4096 x 16384 x 4096, 16384 x 16384 x 4096, where config 3's fused forward took 1.7x
-// cuBLAS's time for ReLU too) the rule's GEMM and the pass run instead. The erf form has no such
-// shortcut for erff and runs unfused everywhere.
-bool gelu_aux_runs_unfused(const GemmParams& p, int rule_config) {
-  if (p.aux == nullptr) return false;
-  if (p.activation == Activation::kGelu) return true;
-  return p.activation == Activation::kGeluTanh && rule_config != kActConfig;
+// (activation_forward_epilogue), so it stayed fused where the rule's own tile for the problem is
+// the fused kernels' anyway, and the erf form unfused everywhere.
+// v0.47: GELU(tanh) fused wherever config 3's walk keeps its operands in L2
+// (fused_walk_restreams_operand decides the rest, for every activation): at 4096 x 16384 x 4096,
+// where the rule's tile is config 0, the fused forward took 820-832 us against 954 for the GEMM
+// + pass (results/probe_linact_forward_..._20261207-155343.txt, swizzles 4 / 1). The erf form
+// fused over K >= 2048, where the mainloop of 32 or more k-blocks hides enough of the epilogue:
+// 16384 x 8192 x 2048 1023-1039 us fused against 1065 unfused, 4096 x 8192 x 2048 247-248
+// against 259 (-155728.txt), 4096 x 16384 x 4096 863-896 against 1017 (-155343.txt); the
+// layer's step 0.999 / 1.027 of eager fused under v0.44 against 0.955-0.959 / 1.016-1.020
+// unfused under v0.46. Over K = 768 / 1024 it lost (64.2 / 91.0 us against 55.6 / 84.6).
+constexpr int64_t kGeluErfFusedMinK = 2048;
+
+bool gelu_aux_runs_unfused(const GemmParams& p) {
+  return p.aux != nullptr && p.activation == Activation::kGelu && p.k < kGeluErfFusedMinK;
 }
 
 // The rule's choice with the overrides of the params applied (sm90_config / swizzle / splits
 // >= their "unset" values). A fused epilogue gets the configuration with fused kernels, or
 // config -1 (no fused kernel: the caller runs GEMM + activation) where the rule transposes a
 // small-M problem, since the transposed GEMM alone beats the fused 128-row tile there, and for
-// a GELU with the pre-activation kept (v0.45 / v0.46, gelu_aux_runs_unfused).
+// a GELU with the pre-activation kept (v0.45 - v0.47, gelu_aux_runs_unfused), and where config
+// 3's walk would re-stream an operand the L2 cannot keep (v0.47, fused_walk_restreams_operand).
 Sm90Choice resolve_sm90(const GemmParams& p) {
   if (p.dtype_ab == DType::kFloat32) {
     return Sm90Choice{p.fp32_math == Fp32Math::kTf32Split ? kTf32SplitConfig : kTf32Config, 0, 0};
@@ -905,7 +944,7 @@ Sm90Choice resolve_sm90(const GemmParams& p) {
     // then runs on it, followed by the activation pass.
     const bool unfused =
         is_swapped_config(c.config) || c.stands_in_for_transposed ||
-        gelu_aux_runs_unfused(p, rule_config);
+        gelu_aux_runs_unfused(p) || fused_walk_restreams_operand(p, rule_config);
     c.config = unfused && p.sm90_config < 0 ? -1 : kActConfig;
   } else if (p.sm90_config >= 0) {
     c.config = p.sm90_config;
