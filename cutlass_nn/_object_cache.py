@@ -32,10 +32,13 @@ without their debug information where ``strip`` is found), written in parts of a
 
 * ``setup.py`` reads it when ``CUTLASS_NN_OBJECT_CACHE`` names the archive (its base name or its
   first part): :func:`restore` returns the sources still to compile and the cached objects to link.
-* ``python3 cutlass_nn/_object_cache.py save BUILD_TEMP ARCHIVE [RESTORED_DIR]`` writes it after a
-  build (``BUILD_TEMP`` is setuptools' ``build/temp.*`` folder, where ninja keeps its dependency
-  log), with the entries :func:`restore` used in that build (``RESTORED_DIR``, by default
-  ``build/object_cache``) as well.
+* ``python3 cutlass_nn/_object_cache.py save BUILD_TEMP ARCHIVE [RESTORED_DIR] [--previous
+  EARLIER]`` writes it after a build (``BUILD_TEMP`` is setuptools' ``build/temp.*`` folder,
+  where ninja keeps its dependency log), with the entries :func:`restore` used in that build
+  (``RESTORED_DIR``, by default ``build/object_cache``) as well, and those of an earlier save of
+  the same build (``EARLIER``) whose inputs still hash to what they were keyed on: a build
+  resumed in a later call of a machine that copies the checkout afresh into each call (the GPU
+  machine) is saved in the call that compiles, and again, whole, in the call that finishes.
 
 It needs only the standard library and the ``ninja`` of torch's builds; it is loaded by path
 (``setup.py``) or run as a script, never imported through the ``cutlass_nn`` package.
@@ -46,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -384,12 +388,76 @@ def _compiled_in_this_build(obj: str, inputs: list[str], start: float, run: dict
     return True
 
 
+def _xz(data: bytes) -> bytes:
+    """``data`` compressed to the xz format at preset 6: with the ``xz`` tool on all cores where
+    it is found (the full CUDA flavor's objects are a few hundred MB, about a minute for one
+    core of the GPU machine, out of its device time), else with Python's single-threaded lzma.
+    Both write the standard format that ``restore`` reads."""
+    tool = shutil.which("xz")
+    if tool:
+        done = subprocess.run([tool, "-6", "-T0", "-c"], input=data, capture_output=True)
+        if done.returncode == 0 and done.stdout:
+            return done.stdout
+    return lzma.compress(data, preset=6)
+
+
+def _carry(units: dict, files: dict, entries: dict, object_dir: str, print_: str,
+           hashes: _FileHashes) -> int:
+    """Adds to ``units`` / ``files`` the ``entries`` (``{source: {"key", "deps"}}``, objects
+    under ``object_dir``) of sources not already there whose key, computed from the files as
+    they are now, is still the entry's: an object keyed on content is valid while that content
+    is. Returns how many it added."""
+    added = 0
+    for source, entry in entries.items():
+        obj = os.path.join(object_dir, object_name(source))
+        if (source not in units and os.path.isfile(obj)
+                and unit_key(print_, source, entry["deps"], hashes) == entry["key"]):
+            units[source] = entry
+            files[source] = obj
+            added += 1
+    return added
+
+
+def _unpack_previous(archive: str, print_: str, dest: str, log: Log) -> dict:
+    """The entries of an earlier save of this build (``archive``) under fingerprint
+    ``print_``, their objects extracted under ``dest``; none where the archive is missing,
+    unreadable or of another fingerprint (logged)."""
+    try:
+        data = _read_parts(archive)
+        if data is None:
+            log(f"object cache: no earlier save at {archive}")
+            return {}
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
+            manifest = json.load(tar.extractfile(MANIFEST))
+            if manifest.get("format") != FORMAT or manifest.get("fingerprint") != print_:
+                log(f"object cache: the earlier save {archive} is of another build; not carried")
+                return {}
+            wanted = {"objects/" + object_name(source) for source in manifest["units"]}
+            for member in tar:
+                if member.name in wanted and member.isfile():
+                    target = os.path.join(dest, member.name[len("objects/"):])
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    with tar.extractfile(member) as src, open(target, "wb") as f:
+                        shutil.copyfileobj(src, f)
+        return manifest["units"]
+    except Exception as exc:  # noqa: BLE001 - an unusable earlier save only carries nothing
+        log(f"object cache: the earlier save {archive} is unusable ({type(exc).__name__}: {exc}); "
+            "not carried")
+        return {}
+
+
 def save(build_temp: str, archive: str, restored: str | None = RESTORED_DIR,
-         record: str = RUN_RECORD, log: Log = _log) -> int:
+         record: str = RUN_RECORD, log: Log = _log, previous: str | None = None) -> int:
     """Writes the cache of a finished build to ``archive``'s parts: the units compiled by this
     build (:func:`_compiled_in_this_build`) with the inputs ninja recorded for them, and the
     units :func:`restore` took from an earlier cache into ``restored``, still matching. Uses the
-    run record ``record`` of :func:`begin_build`. Returns the number of units."""
+    run record ``record`` of :func:`begin_build`. Returns the number of units.
+
+    ``previous`` names the archive of an earlier save of the same build (a build run over two
+    calls of a machine that copies the checkout afresh into each call: the second call's files
+    are newer than the first call's objects, which :func:`_compiled_in_this_build` then rightly
+    leaves out); its units are carried where this build did not compile them and their inputs
+    still have the content they were keyed on."""
     with open(record) as f:
         run = json.load(f)
     if run.get("format") != FORMAT:
@@ -411,53 +479,63 @@ def save(build_temp: str, archive: str, restored: str | None = RESTORED_DIR,
             if key is not None:
                 units[source] = {"key": key, "deps": sorted(set(inputs))}
                 files[source] = obj
-    carried = 0
-    if restored and os.path.isfile(os.path.join(restored, USED_MANIFEST)):
-        with open(os.path.join(restored, USED_MANIFEST)) as f:
-            used = json.load(f)
-        for source, entry in used["units"].items():
-            obj = os.path.join(restored, object_name(source))
-            # still what it was keyed on (a file could have changed since the restore)
-            if (source not in units and used.get("fingerprint") == print_
-                    and os.path.isfile(obj)
-                    and unit_key(print_, source, entry["deps"], hashes) == entry["key"]):
-                units[source] = entry
-                files[source] = obj
-                carried += 1
-    manifest = {"format": FORMAT, "fingerprint": print_, "units": units}
-    strip = shutil.which("strip")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:xz", preset=6) as tar, \
-            tempfile.TemporaryDirectory() as tmp:
-        blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
-        info = tarfile.TarInfo(MANIFEST)
-        info.size = len(blob)
-        tar.addfile(info, io.BytesIO(blob))
-        for source in sorted(files):
-            # Without the host code's debug information (the compilers' -g: about 97% of a CPU
-            # unit's object), which the extension does not need; the code is unchanged.
-            obj = files[source]
-            if strip:
-                stripped = os.path.join(tmp, "unit.o")
-                shutil.copyfile(obj, stripped)
-                done = subprocess.run([strip, "--strip-debug", stripped], capture_output=True)
-                if done.returncode == 0:
-                    obj = stripped
-            tar.add(obj, arcname="objects/" + object_name(source), recursive=False)
-    parts = _write_parts(buf.getvalue(), archive)
+    compiled = len(units)
+    sources = set(run["sources"])
+    with tempfile.TemporaryDirectory() as tmp:
+        carried = 0
+        if restored and os.path.isfile(os.path.join(restored, USED_MANIFEST)):
+            with open(os.path.join(restored, USED_MANIFEST)) as f:
+                used = json.load(f)
+            if used.get("fingerprint") == print_:
+                carried += _carry(units, files, used["units"], restored, print_, hashes)
+        earlier = 0
+        if previous:
+            entries = _unpack_previous(previous, print_, os.path.join(tmp, "previous"), log)
+            entries = {s: e for s, e in entries.items() if s in sources}
+            earlier = _carry(units, files, entries, os.path.join(tmp, "previous"), print_, hashes)
+        manifest = {"format": FORMAT, "fingerprint": print_, "units": units}
+        strip = shutil.which("strip")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
+            info = tarfile.TarInfo(MANIFEST)
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+            for source in sorted(files):
+                # Without the host code's debug information (the compilers' -g: about 97% of a
+                # CPU unit's object), which the extension does not need; the code is unchanged.
+                obj = files[source]
+                if strip:
+                    stripped = os.path.join(tmp, "unit.o")
+                    shutil.copyfile(obj, stripped)
+                    done = subprocess.run([strip, "--strip-debug", stripped], capture_output=True)
+                    if done.returncode == 0:
+                        obj = stripped
+                tar.add(obj, arcname="objects/" + object_name(source), recursive=False)
+    data = _xz(buf.getvalue())
+    parts = _write_parts(data, archive)
     log(f"object cache: {len(units)} of {len(run['sources'])} units saved to {archive} "
-        f"({len(units) - carried} compiled by this build, {carried} from the cache it used; "
-        f"{len(buf.getvalue()) / 2**20:.1f} MiB in {len(parts)} part(s))")
+        f"({compiled} compiled by this build, {carried} from the cache it used, {earlier} from "
+        f"its earlier save; {len(data) / 2**20:.1f} MiB in {len(parts)} part(s))")
     return len(units)
 
 
 def main(argv: list[str]) -> int:
+    usage = ("usage: python3 cutlass_nn/_object_cache.py save BUILD_TEMP ARCHIVE [RESTORED_DIR] "
+             "[--previous EARLIER_ARCHIVE]")
+    previous = None
+    if "--previous" in argv:
+        at = argv.index("--previous")
+        if at + 1 >= len(argv):
+            print(usage, file=sys.stderr)
+            return 2
+        previous = argv[at + 1]
+        argv = argv[:at] + argv[at + 2:]
     if len(argv) not in (3, 4) or argv[0] != "save":
-        print("usage: python3 cutlass_nn/_object_cache.py save BUILD_TEMP ARCHIVE [RESTORED_DIR]",
-              file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     restored = argv[3] if len(argv) == 4 else RESTORED_DIR
-    return 0 if save(argv[1], argv[2], restored) > 0 else 1
+    return 0 if save(argv[1], argv[2], restored, previous=previous) > 0 else 1
 
 
 if __name__ == "__main__":

@@ -19,9 +19,14 @@
 #   SAVE_OBJECTS=1 (default with SAVE_SO=1): after a successful build, also save its object
 #   cache to $OUT/objects.tar.xz.partNN (cutlass_nn/_object_cache.py; parts under 16 MiB): carried
 #   into a later build as CUTLASS_NN_OBJECT_CACHE, the units whose inputs did not change are
-#   linked from it instead of compiled.
+#   linked from it instead of compiled. The units of an earlier call's save of the same build
+#   ($EARLIER_SAVE, default build/object_cache_saved/objects.tar.xz: gpu_session.sh's build
+#   step) are carried into it where their inputs still have the content they were keyed on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+#: where gpu_session.sh's build step saves the objects it compiled (kept in the build folder
+#: while the machine stays warm)
+EARLIER_SAVE=${EARLIER_SAVE:-build/object_cache_saved/objects.tar.xz}
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -52,9 +57,13 @@ if [ $build_rc -eq 0 ] && [ "${SKIP_BUILD:-0}" != 1 ] && [ "${SAVE_SO:-0}" = 1 ]
 fi
 if [ $build_rc -eq 0 ] && [ "${SKIP_BUILD:-0}" != 1 ] && [ "${SAVE_OBJECTS:-${SAVE_SO:-0}}" = 1 ]; then
   build_temp=$(ls -td build/temp.* 2>/dev/null | head -1)
+  # The save of an earlier call of this build (gpu_session.sh build): its objects are older than
+  # the checkout this call was given, so they are carried from that save, by content.
+  previous=()
+  if ls "$EARLIER_SAVE".part* >/dev/null 2>&1; then previous=(--previous "$EARLIER_SAVE"); fi
   if [ -z "$build_temp" ] ||
       ! python3 cutlass_nn/_object_cache.py save "$build_temp" "$OUT/objects.tar.xz" build/object_cache \
-        >> "$OUT/build.log" 2>&1; then
+        "${previous[@]}" >> "$OUT/build.log" 2>&1; then
     echo "cutlass_nn build: object cache: the save failed (build.log)" >> "$OUT/build.log"
   fi
 fi

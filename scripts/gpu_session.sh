@@ -4,7 +4,10 @@
 # the machine keeps the build folder only while it stays warm, so call `check` right after
 # `build`):
 #
-#   bash scripts/gpu_session.sh build    # install the carried CUTLASS wheel, build (560 s at most)
+#   bash scripts/gpu_session.sh build    # install the carried CUTLASS headers, build ($BUILD_TIME
+#                                        # s at most, default 480), then save the objects this
+#                                        # call compiled to $OUT/objects.tar.xz.partNN (and to
+#                                        # build/object_cache_saved/ for the check step's save)
 #   bash scripts/gpu_session.sh check    # scripts/gpu_check.sh with SAVE_SO=1 into $OUT/check:
 #                                        # finishes the build, packs the extension into
 #                                        # $OUT/check/_C.abi3.so.xz, runs the kernel-selection
@@ -19,14 +22,17 @@
 # "GPU machine"). Carry only the files a call needs (for `build`: cutlass_site.tar.xz, plus the
 # object cache's parts if there is one; for a PREBUILT_SO call: the extension's pack): the tracked
 # tree plus the whole .whl/ exceeds the device's 64 MiB.
-# An object cache of an earlier build carried in as .whl/objects.tar.xz.partNN (what a `check`
-# step's build leaves in $OUT/check/) is used by the build (CUTLASS_NN_OBJECT_CACHE,
+# An object cache of an earlier build carried in as .whl/objects.tar.xz.partNN (what the build
+# step leaves in $OUT/ when the build finished there, else what the check step leaves in
+# $OUT/check/, with the build step's units carried into it) is used by the build (CUTLASS_NN_OBJECT_CACHE,
 # cutlass_nn/_object_cache.py): only the units whose inputs changed are compiled; OBJECT_CACHE
 # names another one, OBJECT_CACHE=none builds everything.
 # Knobs: SWEEP_SHAPES (layer shapes T x N x K, comma-separated; no sweep when empty), SWEEP_CONFIGS (default all), SWEEP_SWIZZLES (default 1), SWEEP_SPLITS
 # (the stream-K configurations' splits, default the bench's), SWEEP_OPS (default
 # fwd,dgrad,wgrad), PYTEST_TARGETS (default tests/test_cuda_kernel_selection.py), BENCH_TIME
-# (shape-set benchmark's --time-limit, default 200), MODEL_TIME (default 250).
+# (shape-set benchmark's --time-limit, default 200), MODEL_TIME (default 250), BUILD_TIME (the
+# build step's limit, default 480 s, leaving the save its time within the call's 600),
+# SAVE_OBJECTS (1, default: the build step saves the object cache; 0: it does not).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to the output folder}
@@ -46,9 +52,25 @@ case "$step" in
   build)
     nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
     start=$(date +%s)
-    timeout 560 python3 setup.py build_ext --inplace > "$OUT/build1.log" 2>&1
-    echo "build rc=$? after $(( $(date +%s) - start )) s (resumed by the check step)" |
-      tee -a "$OUT/build1.log"
+    timeout "${BUILD_TIME:-480}" python3 setup.py build_ext --inplace > "$OUT/build1.log" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then note=""; else note=" (resumed by the check step)"; fi
+    echo "build rc=$rc after $(( $(date +%s) - start )) s$note" | tee -a "$OUT/build1.log"
+    # The objects compiled in this call are saved in this call: the device copies the checkout
+    # afresh into the next one, whose save would then see every input newer than these objects
+    # and leave them out (cutlass_nn/_object_cache.py); gpu_check.sh's save carries this one.
+    build_temp=$(ls -td build/temp.* 2>/dev/null | head -1)
+    if [ -n "$build_temp" ] && [ "${SAVE_OBJECTS:-1}" = 1 ]; then
+      saved=build/object_cache_saved
+      rm -rf "$saved"
+      start=$(date +%s)
+      timeout 90 python3 cutlass_nn/_object_cache.py save "$build_temp" "$saved/objects.tar.xz" \
+        build/object_cache 2>&1 | tee -a "$OUT/build1.log"
+      echo "object cache save: $(( $(date +%s) - start )) s" | tee -a "$OUT/build1.log"
+      cp "$saved"/objects.tar.xz.part* "$OUT/" 2>/dev/null
+      # A finished build saved whole here: the check step has nothing to add.
+      [ $rc -eq 0 ] && ls "$saved"/objects.tar.xz.part* >/dev/null 2>&1 && touch "$saved/complete"
+    fi
     ;;
   check)
     # A prebuilt extension is unpacked here, once, so that a failed unpack stops the step
@@ -57,7 +79,10 @@ case "$step" in
     if [ -n "${PREBUILT_SO:-}" ]; then
       python3 scripts/prebuilt_extension.py unpack "$PREBUILT_SO" cutlass_nn/_C.abi3.so || exit 1
     fi
-    env -u PREBUILT_SO ${PREBUILT_SO:+SKIP_BUILD=1} SAVE_SO=1 \
+    # The object cache is saved again only where the build step's save is not the whole build.
+    save_objects=1
+    [ -f build/object_cache_saved/complete ] && save_objects=0
+    env -u PREBUILT_SO ${PREBUILT_SO:+SKIP_BUILD=1} SAVE_SO=1 SAVE_OBJECTS=$save_objects \
       PYTEST_TARGETS="${PYTEST_TARGETS:-tests/test_cuda_kernel_selection.py}" \
       OUT="$OUT/check" bash scripts/gpu_check.sh -q 2>&1 | tail -15
     # A prebuilt extension (PREBUILT_SO) is tested as it is and not packed again.

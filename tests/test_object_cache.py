@@ -86,8 +86,27 @@ class Checkout:
             lines += [f"    {i}" for i in inputs] + [""]
         return "\n".join(lines)
 
-    def save(self, archive: str, restored: str | None = None) -> int:
-        return oc.save(str(self.temp), str(self.root / archive), restored, self.record, log=quiet)
+    def save(self, archive: str, restored: str | None = None, previous: str | None = None) -> int:
+        return oc.save(str(self.temp), str(self.root / archive), restored, self.record, log=quiet,
+                       previous=str(self.root / previous) if previous else None)
+
+    def copy_afresh(self) -> None:
+        """What the GPU machine does to the checkout before each call: every file written
+        again with the same content, so its status-change time is later than the objects of
+        the call before (whose times, and the run's start, are set back a minute here, as if
+        that call had run then)."""
+        earlier = os.stat(self.record).st_mtime - 60
+        with open(self.record) as f:
+            run = json.load(f)
+        run["start"] = earlier
+        with open(self.record, "w") as f:
+            json.dump(run, f)
+        os.utime(self.record, (earlier, earlier))
+        for obj in self.temp.rglob("*.o"):
+            os.utime(obj, (earlier + 30, earlier + 30))
+        for path in sorted((self.root / "csrc").rglob("*")) + [self.root / EXTERNAL]:
+            if path.is_file():
+                path.write_bytes(path.read_bytes())
 
     def restore(self, archive: str, print_: str | None = None):
         print_ = print_ or oc.fingerprint(self.config)
@@ -348,3 +367,79 @@ def test_save_leaves_out_a_unit_whose_checkout_file_differs_from_the_run_record(
     (checkout.root / "csrc" / "c.cpp").write_text("// c, edited after the run began\n")
     checkout.compile()
     assert checkout.save("objects.tar.xz") == 2
+
+
+def test_a_build_over_two_calls_is_saved_whole_with_the_earlier_save(checkout):
+    """The GPU machine copies the checkout afresh into each call: the objects of the first call
+    are then older than their inputs' times and left out of a save in the second call, unless
+    it carries the first call's own save, whose keys still match the (unchanged) content."""
+    checkout.begin()
+    checkout.compile(["csrc/a.cpp", "csrc/b.cpp"])  # call 1, stopped by its time limit
+    assert checkout.save("call1.tar.xz") == 2
+    checkout.copy_afresh()
+    checkout.begin()  # call 2 resumes the build in the same folder
+    checkout.compile(["csrc/c.cpp"])
+    assert checkout.save("alone.tar.xz") == 1
+    assert checkout.save("whole.tar.xz", previous="call1.tar.xz") == 3
+    sources, objects = checkout.restore("whole.tar.xz")
+    assert len(sources) == 1 and len(objects) == 2
+
+
+def test_the_earlier_save_is_carried_only_where_its_keys_still_match(checkout):
+    checkout.begin()
+    checkout.compile(["csrc/a.cpp", "csrc/b.cpp"])
+    checkout.save("call1.tar.xz")
+    checkout.copy_afresh()
+    # changed between the calls (the checkout carried into call 2 differs): b's key is stale
+    (checkout.root / "csrc" / "only_b.h").write_text("// b, changed between the calls\n")
+    checkout.begin()
+    checkout.compile(["csrc/c.cpp"])
+    assert checkout.save("whole.tar.xz", previous="call1.tar.xz") == 2
+    sources, _ = checkout.restore("whole.tar.xz")
+    assert "csrc/b.cpp" in sources and "csrc/a.cpp" not in sources
+
+
+def test_an_earlier_save_of_another_build_or_none_carries_nothing(checkout, monkeypatch):
+    checkout.begin()
+    checkout.compile(["csrc/a.cpp", "csrc/b.cpp"])
+    checkout.save("call1.tar.xz")
+    checkout.copy_afresh()
+    # missing, broken, and of another configuration: the save goes on with what it compiled
+    assert checkout.save("s1.tar.xz", previous="nothing.tar.xz") == 0
+    (checkout.root / "broken.tar.xz").write_bytes(b"not an archive")
+    assert checkout.save("s2.tar.xz", previous="broken.tar.xz") == 0
+    os.remove(checkout.record)
+    checkout.config.cxx_flags = ["-O2"]
+    checkout.begin()
+    checkout.compile(["csrc/c.cpp"])
+    assert checkout.save("s3.tar.xz", previous="call1.tar.xz") == 1
+
+
+def test_save_command_line_takes_the_earlier_save(checkout, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(oc, "save", lambda temp, archive, restored, previous=None:
+                        seen.update(temp=temp, archive=archive, restored=restored,
+                                    previous=previous) or 1)
+    assert oc.main(["save", "bt", "out.tar.xz", "--previous", "early.tar.xz"]) == 0
+    assert seen == {"temp": "bt", "archive": "out.tar.xz", "restored": oc.RESTORED_DIR,
+                    "previous": "early.tar.xz"}
+    assert oc.main(["save", "bt", "out.tar.xz", "rd"]) == 0 and seen["previous"] is None
+    assert oc.main(["save", "bt", "out.tar.xz", "--previous"]) == 2
+
+
+@pytest.mark.parametrize("tool", [True, False], ids=["xz-tool", "python-lzma"])
+def test_the_archive_reads_back_with_or_without_the_xz_tool(checkout, monkeypatch, tool):
+    """Compressed by the xz tool on all cores where it is found, else by Python's lzma: either
+    way restore reads it and links every unit but one."""
+    import shutil as _shutil
+    found = _shutil.which("xz")
+    if tool and found is None:
+        pytest.skip("no xz tool on this machine")
+    real_which = _shutil.which
+    monkeypatch.setattr(oc.shutil, "which",
+                        lambda name: (found if tool else None) if name == "xz" else real_which(name))
+    print_ = checkout.begin()
+    checkout.compile()
+    assert checkout.save("objects.tar.xz") == 3
+    sources, objects = checkout.restore("objects.tar.xz", print_)
+    assert len(sources) == 1 and len(objects) == 2
