@@ -388,7 +388,7 @@ def _compiled_in_this_build(obj: str, inputs: list[str], start: float, run: dict
     return True
 
 
-def _xz(data: bytes) -> bytes:
+def _xz(data: bytes, log: Log = _log) -> bytes:
     """``data`` compressed to the xz format at preset 6: with the ``xz`` tool on all cores where
     it is found (the full CUDA flavor's objects are a few hundred MB, about a minute for one
     core of the GPU machine, out of its device time), else with Python's single-threaded lzma.
@@ -398,6 +398,8 @@ def _xz(data: bytes) -> bytes:
         done = subprocess.run([tool, "-6", "-T0", "-c"], input=data, capture_output=True)
         if done.returncode == 0 and done.stdout:
             return done.stdout
+        log(f"object cache: {tool} failed (exit code {done.returncode}); compressing with "
+            "Python's lzma on one core instead")
     return lzma.compress(data, preset=6)
 
 
@@ -493,26 +495,41 @@ def save(build_temp: str, archive: str, restored: str | None = RESTORED_DIR,
             entries = _unpack_previous(previous, print_, os.path.join(tmp, "previous"), log)
             entries = {s: e for s, e in entries.items() if s in sources}
             earlier = _carry(units, files, entries, os.path.join(tmp, "previous"), print_, hashes)
-        manifest = {"format": FORMAT, "fingerprint": print_, "units": units}
+        # Each object copied (without the host code's debug information: the compilers' -g,
+        # about 97% of a CPU unit's object, which the extension does not need; the code is
+        # unchanged) and kept only if the file did not change while it was read: a compiler
+        # that outlived a stopped build could still be writing it.
         strip = shutil.which("strip")
+        copies: dict[str, str] = {}
+        for source in sorted(files):
+            obj = files[source]
+            before = os.stat(obj)
+            copy = os.path.join(tmp, "copies", object_name(source))
+            os.makedirs(os.path.dirname(copy), exist_ok=True)
+            shutil.copyfile(obj, copy)
+            if strip:
+                stripped = copy + ".stripped"
+                shutil.copyfile(copy, stripped)
+                done = subprocess.run([strip, "--strip-debug", stripped], capture_output=True)
+                if done.returncode == 0:
+                    os.replace(stripped, copy)
+            after = os.stat(obj)
+            if (before.st_mtime_ns, before.st_size) != (after.st_mtime_ns, after.st_size):
+                log(f"object cache: {obj} changed while it was saved; left out")
+                del units[source]
+                continue
+            copies[source] = copy
+        manifest = {"format": FORMAT, "fingerprint": print_, "units": units}
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
+            # the manifest first: restore reads it, then the objects in one pass
             blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
             info = tarfile.TarInfo(MANIFEST)
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
-            for source in sorted(files):
-                # Without the host code's debug information (the compilers' -g: about 97% of a
-                # CPU unit's object), which the extension does not need; the code is unchanged.
-                obj = files[source]
-                if strip:
-                    stripped = os.path.join(tmp, "unit.o")
-                    shutil.copyfile(obj, stripped)
-                    done = subprocess.run([strip, "--strip-debug", stripped], capture_output=True)
-                    if done.returncode == 0:
-                        obj = stripped
-                tar.add(obj, arcname="objects/" + object_name(source), recursive=False)
-    data = _xz(buf.getvalue())
+            for source in sorted(copies):
+                tar.add(copies[source], arcname="objects/" + object_name(source), recursive=False)
+    data = _xz(buf.getvalue(), log)
     parts = _write_parts(data, archive)
     log(f"object cache: {len(units)} of {len(run['sources'])} units saved to {archive} "
         f"({compiled} compiled by this build, {carried} from the cache it used, {earlier} from "

@@ -60,7 +60,7 @@ if [ $build_rc -eq 0 ] && [ "${SKIP_BUILD:-0}" != 1 ] && [ "${SAVE_OBJECTS:-${SA
   # The save of an earlier call of this build (gpu_session.sh build): its objects are older than
   # the checkout this call was given, so they are carried from that save, by content.
   previous=()
-  if ls "$EARLIER_SAVE".part* >/dev/null 2>&1; then previous=(--previous "$EARLIER_SAVE"); fi
+  if ls "$EARLIER_SAVE".part[0-9][0-9] >/dev/null 2>&1; then previous=(--previous "$EARLIER_SAVE"); fi
   if [ -z "$build_temp" ] ||
       ! python3 cutlass_nn/_object_cache.py save "$build_temp" "$OUT/objects.tar.xz" build/object_cache \
         "${previous[@]}" >> "$OUT/build.log" 2>&1; then

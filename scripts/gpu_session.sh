@@ -5,9 +5,11 @@
 # `build`):
 #
 #   bash scripts/gpu_session.sh build    # install the carried CUTLASS headers, build ($BUILD_TIME
-#                                        # s at most, default 480), then save the objects this
-#                                        # call compiled to $OUT/objects.tar.xz.partNN (and to
-#                                        # build/object_cache_saved/ for the check step's save)
+#                                        # s at most, default 480), then save the object cache
+#                                        # (the units this call compiled or took from a carried
+#                                        # cache; a partial one where the build did not finish)
+#                                        # to $OUT/objects.tar.xz.partNN and, for the check
+#                                        # step's save, build/object_cache_saved/
 #   bash scripts/gpu_session.sh check    # scripts/gpu_check.sh with SAVE_SO=1 into $OUT/check:
 #                                        # finishes the build, packs the extension into
 #                                        # $OUT/check/_C.abi3.so.xz, runs the kernel-selection
@@ -51,26 +53,44 @@ fi
 case "$step" in
   build)
     nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
+    # Each build step is a new run of the object cache (cutlass_nn/_object_cache.py): its run
+    # record starts now, and the units an earlier build step on this warm machine compiled are
+    # carried from that step's save, by content, instead of from the build folder.
+    saved=build/object_cache_saved
+    rm -rf "$saved.prev" build/object_cache_run.json
+    [ -d "$saved" ] && mv "$saved" "$saved.prev"
     start=$(date +%s)
     timeout "${BUILD_TIME:-480}" python3 setup.py build_ext --inplace > "$OUT/build1.log" 2>&1
     rc=$?
     if [ $rc -eq 0 ]; then note=""; else note=" (resumed by the check step)"; fi
     echo "build rc=$rc after $(( $(date +%s) - start )) s$note" | tee -a "$OUT/build1.log"
+    build_temp=$(ls -td build/temp.* 2>/dev/null | head -1)
+    if [ $rc -ne 0 ] && [ -n "$build_temp" ]; then
+      # ninja starts its compilers in process groups of their own, so some outlive the timeout;
+      # they are stopped before the save reads the build folder (their command lines name it).
+      pattern="$(cd "$build_temp" && pwd)/"
+      pkill -TERM -f -- "$pattern" 2>/dev/null
+      for _ in $(seq 30); do pgrep -f -- "$pattern" >/dev/null || break; sleep 1; done
+      pkill -KILL -f -- "$pattern" 2>/dev/null
+    fi
     # The objects compiled in this call are saved in this call: the device copies the checkout
     # afresh into the next one, whose save would then see every input newer than these objects
-    # and leave them out (cutlass_nn/_object_cache.py); gpu_check.sh's save carries this one.
-    build_temp=$(ls -td build/temp.* 2>/dev/null | head -1)
+    # and leave them out; gpu_check.sh's save (the check step) carries this one.
     if [ -n "$build_temp" ] && [ "${SAVE_OBJECTS:-1}" = 1 ]; then
-      saved=build/object_cache_saved
-      rm -rf "$saved"
+      previous=()
+      if ls "$saved.prev"/objects.tar.xz.part[0-9][0-9] >/dev/null 2>&1; then
+        previous=(--previous "$saved.prev/objects.tar.xz")
+      fi
       start=$(date +%s)
       timeout 90 python3 cutlass_nn/_object_cache.py save "$build_temp" "$saved/objects.tar.xz" \
-        build/object_cache 2>&1 | tee -a "$OUT/build1.log"
-      echo "object cache save: $(( $(date +%s) - start )) s" | tee -a "$OUT/build1.log"
-      cp "$saved"/objects.tar.xz.part* "$OUT/" 2>/dev/null
+        build/object_cache "${previous[@]}" 2>&1 | tee -a "$OUT/build1.log"
+      save_rc=${PIPESTATUS[0]}
+      echo "object cache save: rc=$save_rc after $(( $(date +%s) - start )) s" | tee -a "$OUT/build1.log"
+      cp "$saved"/objects.tar.xz.part[0-9][0-9] "$OUT/" 2>/dev/null
       # A finished build saved whole here: the check step has nothing to add.
-      [ $rc -eq 0 ] && ls "$saved"/objects.tar.xz.part* >/dev/null 2>&1 && touch "$saved/complete"
+      if [ $rc -eq 0 ] && [ "$save_rc" -eq 0 ]; then touch "$saved/complete"; fi
     fi
+    rm -rf "$saved.prev"
     ;;
   check)
     # A prebuilt extension is unpacked here, once, so that a failed unpack stops the step
@@ -82,6 +102,7 @@ case "$step" in
     # The object cache is saved again only where the build step's save is not the whole build.
     save_objects=1
     [ -f build/object_cache_saved/complete ] && save_objects=0
+    rm -f build/object_cache_saved/complete
     env -u PREBUILT_SO ${PREBUILT_SO:+SKIP_BUILD=1} SAVE_SO=1 SAVE_OBJECTS=$save_objects \
       PYTEST_TARGETS="${PYTEST_TARGETS:-tests/test_cuda_kernel_selection.py}" \
       OUT="$OUT/check" bash scripts/gpu_check.sh -q 2>&1 | tail -15

@@ -443,3 +443,73 @@ def test_the_archive_reads_back_with_or_without_the_xz_tool(checkout, monkeypatc
     assert checkout.save("objects.tar.xz") == 3
     sources, objects = checkout.restore("objects.tar.xz", print_)
     assert len(sources) == 1 and len(objects) == 2
+
+
+def test_the_earlier_save_supplies_its_own_objects(checkout):
+    """What is carried is the earlier save's object, not whatever the build folder holds under
+    that name now (an object older than the run, which this build did not make)."""
+    checkout.begin()
+    checkout.compile(["csrc/a.cpp", "csrc/b.cpp"], tag=" (call 1)")
+    checkout.save("call1.tar.xz")
+    checkout.copy_afresh()
+    obj = checkout.temp / oc.object_name("csrc/b.cpp")
+    stat = obj.stat()
+    obj.write_bytes(b"something else")
+    os.utime(obj, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    checkout.begin()
+    checkout.compile(["csrc/c.cpp"])
+    assert checkout.save("whole.tar.xz", previous="call1.tar.xz") == 3
+    _, objects = checkout.restore("whole.tar.xz")  # every unit but the smallest, a.cpp
+    assert b"object of csrc/b.cpp (call 1)" in objects_of(objects)
+    assert b"something else" not in objects_of(objects)
+
+
+def test_the_earlier_save_carries_only_this_builds_sources(checkout):
+    checkout.begin()
+    checkout.compile(["csrc/a.cpp", "csrc/b.cpp"])
+    checkout.save("call1.tar.xz")
+    checkout.copy_afresh()
+    # a build of the same configuration without b.cpp (a source removed)
+    os.remove(checkout.record)
+    checkout.config.sources = ["csrc/a.cpp", "csrc/c.cpp"]
+    checkout.begin()
+    checkout.compile(["csrc/c.cpp"])
+    assert checkout.save("whole.tar.xz", previous="call1.tar.xz") == 2
+    with tarfile.open(checkout.root / "whole.tar.xz.part00", mode="r:xz") as tar:
+        assert set(json.load(tar.extractfile(oc.MANIFEST))["units"]) == {"csrc/a.cpp", "csrc/c.cpp"}
+
+
+def test_an_object_rewritten_while_it_is_saved_is_left_out(checkout, monkeypatch):
+    """A compiler that outlived a stopped build may still write an object the save is reading:
+    the save keeps an object only if its time and size did not change while it was copied."""
+    checkout.begin()
+    checkout.compile()
+    victim = checkout.temp / oc.object_name("csrc/b.cpp")
+    real_copy = oc.shutil.copyfile
+
+    def copy_while_written(src, dst, *args, **kwargs):
+        result = real_copy(src, dst, *args, **kwargs)
+        if Path(src) == victim:
+            victim.write_bytes(b"object of csrc/b.cpp, half written and more")
+        return result
+
+    monkeypatch.setattr(oc.shutil, "copyfile", copy_while_written)
+    assert checkout.save("objects.tar.xz") == 2
+    sources, _ = checkout.restore("objects.tar.xz")
+    assert "csrc/b.cpp" in sources
+
+
+def test_the_xz_tool_compresses_where_it_is_found(checkout, monkeypatch):
+    calls = []
+    real_run = oc.subprocess.run
+
+    def run(cmd, *args, **kwargs):
+        calls.append(cmd[0])
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(oc.subprocess, "run", run)
+    found = oc.shutil.which("xz")
+    checkout.begin()
+    checkout.compile()
+    checkout.save("objects.tar.xz")
+    assert (found in calls) if found else (not any("xz" in c for c in calls))
