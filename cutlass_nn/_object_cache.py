@@ -303,6 +303,39 @@ def _cheapest(sources: list[str]) -> str:
     return min(cxx, key=lambda s: os.path.getsize(os.path.join(ROOT, s)))
 
 
+class _ForeignCache(Exception):
+    """An archive made under another fingerprint or format."""
+
+
+def _extract(archive: str, print_: str, dest: str,
+             take: Callable[[str, dict], bool]) -> dict | None:
+    """The entries of the cache at ``archive`` that ``take(source, entry)`` chooses, their
+    objects extracted under ``dest``; None where there is no archive. Raises
+    :class:`_ForeignCache` for an archive of another fingerprint or format, and whatever reading
+    it raises (truncated, unreadable, an object missing)."""
+    data = _read_parts(archive)
+    if data is None:
+        return None
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
+        manifest = json.load(tar.extractfile(MANIFEST))
+        if manifest.get("format") != FORMAT or manifest.get("fingerprint") != print_:
+            raise _ForeignCache(archive)
+        chosen = {source: entry for source, entry in manifest["units"].items()
+                  if take(source, entry)}
+        # one pass over the archive, in its order (each seek back in an xz stream would
+        # decompress it from the start again)
+        wanted = {"objects/" + object_name(source): source for source in chosen}
+        for member in tar:
+            if member.name in wanted:
+                target = os.path.join(dest, object_name(wanted.pop(member.name)))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with tar.extractfile(member) as src, open(target, "wb") as f:
+                    shutil.copyfileobj(src, f)
+        if wanted:
+            raise KeyError(f"objects missing from the archive: {sorted(wanted)[:3]}")
+    return chosen
+
+
 def restore(config, archive: str, print_: str, dest: str = RESTORED_DIR,
             log: Log = _log) -> tuple[list[str], list[str]]:
     """``(sources to compile, objects to link)`` for ``config`` (``_build_config.ExtensionConfig``)
@@ -312,42 +345,23 @@ def restore(config, archive: str, print_: str, dest: str = RESTORED_DIR,
     unit compiled."""
     sources = list(config.sources)
     shutil.rmtree(dest, ignore_errors=True)
+    hashes = _FileHashes()
     try:
-        data = _read_parts(archive)
-        if data is None:
+        used = _extract(archive, print_, dest, lambda source, entry: source in sources and
+                        unit_key(print_, source, entry["deps"], hashes) == entry["key"])
+        if used is None:
             log(f"object cache: none at {archive}; compiling every unit")
             return sources, []
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
-            manifest = json.load(tar.extractfile(MANIFEST))
-            if manifest.get("format") != FORMAT or manifest.get("fingerprint") != print_:
-                log("object cache: made by another checkout, configuration or compiler; "
-                    "compiling every unit")
-                return sources, []
-            hashes = _FileHashes()
-            keep, used = [], {}
-            for source in sources:
-                entry = manifest["units"].get(source)
-                if entry is None or unit_key(print_, source, entry["deps"], hashes) != entry["key"]:
-                    keep.append(source)
-                else:
-                    used[source] = entry
-            # one pass over the archive, in its order (each seek back in an xz stream would
-            # decompress it from the start again)
-            wanted = {"objects/" + object_name(source): source for source in used}
-            for member in tar:
-                if member.name in wanted:
-                    target = os.path.join(dest, object_name(wanted.pop(member.name)))
-                    os.makedirs(os.path.dirname(target), exist_ok=True)
-                    with tar.extractfile(member) as data, open(target, "wb") as f:
-                        shutil.copyfileobj(data, f)
-            if wanted:
-                raise KeyError(f"objects missing from the archive: {sorted(wanted)[:3]}")
-            objects = [os.path.join(dest, object_name(source)) for source in sources
-                       if source in used]
+    except _ForeignCache:
+        log("object cache: made by another checkout, configuration or compiler; "
+            "compiling every unit")
+        return sources, []
     except Exception as exc:  # noqa: BLE001 - any failure of the cache means: compile everything
         shutil.rmtree(dest, ignore_errors=True)
         log(f"object cache: {archive} unusable ({type(exc).__name__}: {exc}); compiling every unit")
         return sources, []
+    keep = [source for source in sources if source not in used]
+    objects = [os.path.join(dest, object_name(source)) for source in sources if source in used]
     if not keep:
         # torch's build needs at least one source to compile
         source = _cheapest(sources)
@@ -420,32 +434,23 @@ def _carry(units: dict, files: dict, entries: dict, object_dir: str, print_: str
     return added
 
 
-def _unpack_previous(archive: str, print_: str, dest: str, log: Log) -> dict:
-    """The entries of an earlier save of this build (``archive``) under fingerprint
-    ``print_``, their objects extracted under ``dest``; none where the archive is missing,
-    unreadable or of another fingerprint (logged)."""
+def _unpack_previous(archive: str, print_: str, sources: set[str], dest: str, log: Log) -> dict:
+    """The entries of an earlier save of this build (``archive``) under fingerprint ``print_``
+    for ``sources``, their objects extracted under ``dest``; none where the archive is missing,
+    unreadable or of another fingerprint (logged). Their keys are checked by :func:`_carry`."""
     try:
-        data = _read_parts(archive)
-        if data is None:
-            log(f"object cache: no earlier save at {archive}")
-            return {}
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
-            manifest = json.load(tar.extractfile(MANIFEST))
-            if manifest.get("format") != FORMAT or manifest.get("fingerprint") != print_:
-                log(f"object cache: the earlier save {archive} is of another build; not carried")
-                return {}
-            wanted = {"objects/" + object_name(source) for source in manifest["units"]}
-            for member in tar:
-                if member.name in wanted and member.isfile():
-                    target = os.path.join(dest, member.name[len("objects/"):])
-                    os.makedirs(os.path.dirname(target), exist_ok=True)
-                    with tar.extractfile(member) as src, open(target, "wb") as f:
-                        shutil.copyfileobj(src, f)
-        return manifest["units"]
+        entries = _extract(archive, print_, dest, lambda source, entry: source in sources)
+    except _ForeignCache:
+        log(f"object cache: the earlier save {archive} is of another build; not carried")
+        return {}
     except Exception as exc:  # noqa: BLE001 - an unusable earlier save only carries nothing
         log(f"object cache: the earlier save {archive} is unusable ({type(exc).__name__}: {exc}); "
             "not carried")
         return {}
+    if entries is None:
+        log(f"object cache: no earlier save at {archive}")
+        return {}
+    return entries
 
 
 def save(build_temp: str, archive: str, restored: str | None = RESTORED_DIR,
@@ -492,8 +497,8 @@ def save(build_temp: str, archive: str, restored: str | None = RESTORED_DIR,
                 carried += _carry(units, files, used["units"], restored, print_, hashes)
         earlier = 0
         if previous:
-            entries = _unpack_previous(previous, print_, os.path.join(tmp, "previous"), log)
-            entries = {s: e for s, e in entries.items() if s in sources}
+            entries = _unpack_previous(previous, print_, sources, os.path.join(tmp, "previous"),
+                                       log)
             earlier = _carry(units, files, entries, os.path.join(tmp, "previous"), print_, hashes)
         # Each object copied (without the host code's debug information: the compilers' -g,
         # about 97% of a CPU unit's object, which the extension does not need; the code is
@@ -507,12 +512,9 @@ def save(build_temp: str, archive: str, restored: str | None = RESTORED_DIR,
             copy = os.path.join(tmp, "copies", object_name(source))
             os.makedirs(os.path.dirname(copy), exist_ok=True)
             shutil.copyfile(obj, copy)
-            if strip:
-                stripped = copy + ".stripped"
-                shutil.copyfile(copy, stripped)
-                done = subprocess.run([strip, "--strip-debug", stripped], capture_output=True)
-                if done.returncode == 0:
-                    os.replace(stripped, copy)
+            if strip and subprocess.run([strip, "--strip-debug", copy],
+                                        capture_output=True).returncode != 0:
+                shutil.copyfile(obj, copy)  # as compiled, where strip failed
             after = os.stat(obj)
             if (before.st_mtime_ns, before.st_size) != (after.st_mtime_ns, after.st_size):
                 log(f"object cache: {obj} changed while it was saved; left out")
