@@ -32,8 +32,8 @@
 # Knobs: SWEEP_SHAPES (layer shapes T x N x K, comma-separated; no sweep when empty), SWEEP_CONFIGS (default all), SWEEP_SWIZZLES (default 1), SWEEP_SPLITS
 # (the stream-K configurations' splits, default the bench's), SWEEP_OPS (default
 # fwd,dgrad,wgrad), PYTEST_TARGETS (default tests/test_cuda_kernel_selection.py), BENCH_TIME
-# (shape-set benchmark's --time-limit, default 200), MODEL_TIME (default 250), BUILD_TIME (the
-# build step's limit, default 480 s, leaving the save its time within the call's 600),
+# (shape-set benchmark's --time-limit, default 200; 0 skips it), MODEL_TIME (default 250),
+# BUILD_TIME (the build step's limit, default 480 s, leaving the save its time within the call's 600),
 # SAVE_OBJECTS (1, default: the build step saves the object cache; 0: it does not).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -120,8 +120,10 @@ case "$step" in
         --sweep-swizzles "${SWEEP_SWIZZLES:-1}" --what "${SWEEP_OPS:-fwd,dgrad,wgrad}" \
         --sweep-shapes "$SWEEP_SHAPES" --budget-ms 60 --time-limit 100 --out "$OUT" 2>&1 | tail -40
     fi
-    python3 -m cutlass_nn.bench --shapes transformer --what fwd,dgrad,wgrad --budget-ms 60 \
-      --time-limit "${BENCH_TIME:-200}" --out "$OUT" 2>&1 | tail -25
+    if [ "${BENCH_TIME:-200}" != 0 ]; then
+      python3 -m cutlass_nn.bench --shapes transformer --what fwd,dgrad,wgrad --budget-ms 60 \
+        --time-limit "${BENCH_TIME:-200}" --out "$OUT" 2>&1 | tail -25
+    fi
     ;;
   models)
     python3 scripts/prebuilt_extension.py unpack "${PREBUILT_SO:-.whl/_C.abi3.so.xz}" \
