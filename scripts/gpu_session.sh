@@ -30,7 +30,8 @@
 # cutlass_nn/_object_cache.py): only the units whose inputs changed are compiled; OBJECT_CACHE
 # names another one, OBJECT_CACHE=none builds everything.
 # Knobs: SWEEP_SHAPES (layer shapes T x N x K, comma-separated; no sweep when empty), SWEEP_CONFIGS (default all), SWEEP_SWIZZLES (default 1), SWEEP_SPLITS
-# (the stream-K configurations' splits, default the bench's), SWEEP_OPS (default
+# (the stream-K configurations' splits, -2..-64 the batched split-K's slices; default the
+# bench's), SWEEP_OPS (default
 # fwd,dgrad,wgrad), PYTEST_TARGETS (default tests/test_cuda_kernel_selection.py), BENCH_TIME
 # (shape-set benchmark's --time-limit, default 200; 0 skips it), MODEL_TIME (default 250),
 # BUILD_TIME (the build step's limit, default 480 s, leaving the save its time within the call's 600),
