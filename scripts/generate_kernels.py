@@ -72,24 +72,28 @@ SM90_CONFIG_NAMES = {
     15: "128x128x64_1x1x1_pingpong",  # config 3 without a cluster (v0.37)
     # 16: config 6's 64-token tile with 64-deep k-blocks (twice the stages), for a long K (v0.41)
     16: "64x64x64_1x1x1_pingpong_swapab",
-    17: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only
-    18: "128x128x32_2x1x1_coop_promoted",  # the 3xTF32 parts of float32 "highest" only
+    # 17-19 (v0.49): tiles that fill whole waves at mid-size transformer shapes
+    17: "128x96x64_1x1x1_pingpong",
+    18: "192x96x64_1x1x1_pingpong",
+    19: "192x128x64_1x1x1_pingpong",
+    20: "128x256x32_2x1x1_coop",  # float32 (TF32) operands only (config 17 until v0.49)
+    21: "128x128x32_2x1x1_coop_promoted",  # the 3xTF32 parts of float32 "highest" only (18)
 }
 # The configurations of the 16-bit kernels (the sweep's and the rule's choices): row-major D...
 SM90_16BIT_CONFIGS = (0, 2, 3)
 # ... configurations compiled for the input dtype out only (no fp32-out wgrad kernel: an fp32
 # weight gradient takes the rule's row-major fallback) ...
-SM90_16BIT_OUT_CONFIGS = (1, 10, 13, 14, 15)
+SM90_16BIT_OUT_CONFIGS = (1, 10, 13, 14, 15, 17, 18, 19)
 # ... and those of the weight gradient of a small layer ("nt", the input dtype out).
 SM90_SMALL_WGRAD_CONFIGS = (11, 12)
 # ... and those of the transposed small-M problem (column-major D^T; forward and dgrad turn
 # into the "tn" and "tt" layouts; output dtype = input dtype only).
 SM90_SWAPPED_CONFIGS = (4, 5, 6, 7, 16)
 SM90_SWAPPED_LAYOUTS = ("tn", "tt")
-SM90_TF32_CONFIG = 17
+SM90_TF32_CONFIG = 20
 # float32 "highest" on SM90: one TF32 GEMM over operands split into TF32 parts, accumulated with
-# fp32 adds every k-block (Sm90TileConfig<18>).
-SM90_TF32_SPLIT_CONFIG = 18
+# fp32 adds every k-block (Sm90TileConfig<21>).
+SM90_TF32_SPLIT_CONFIG = 21
 # The short-K configurations, for the wgrad layout ("nt") with the input dtype out.
 SM90_SHORT_K_CONFIGS = (8, 9)
 # Epilogue kinds (EpilogueKind in gemm_registry.h) and their name suffixes.

@@ -42,9 +42,9 @@ SHORT_K_CONFIGS = (8, 9)
 # The small-wgrad configurations (64-row ping-pong tiles): the wgrad layout, 16-bit outputs only.
 SMALL_WGRAD_CONFIGS = (11, 12)
 # The row-major configurations compiled with a float32 output too (the wgrad of an fp32 main
-# gradient); config 1 (v0.30) and 10, 13, 14, 15 have 16-bit outputs only.
+# gradient); config 1 (v0.30) and 10, 13, 14, 15, 17-19 have 16-bit outputs only.
 FP32_OUT_CONFIGS = (0, 2, 3)
-N_CONFIGS = 17
+N_CONFIGS = 20
 
 
 def _transposable(op: str) -> bool:

@@ -325,7 +325,7 @@ constexpr int kTimedRounds = 5;
 // a swizzle of 2 (neighbouring CTAs share operand tiles): the rule gives several of them a
 // swizzle of 2, and a forced configuration otherwise runs with the default only (config 13 on
 // small weight gradients ran up to 26% faster with 2, benchmarks/NOTES.md v0.29).
-constexpr std::array<std::array<int, 3>, 29> kCandidates = {{
+constexpr std::array<std::array<int, 3>, 32> kCandidates = {{
     {-1, 0, 0},                                    // the rule
     {0, 0, 1}, {0, 0, 2},                          // 128x256, 2x1 cluster
     {1, 0, 1}, {1, 0, 2},                          // 128x192, no cluster
@@ -339,6 +339,7 @@ constexpr std::array<std::array<int, 3>, 29> kCandidates = {{
     {14, 0, 1}, {14, 0, 2},                        // 256x128, 1x2 cluster
     {15, 0, 1}, {15, 0, 2},                        // 128x128 ping-pong, no cluster
     {16, 0, 0},                                    // transposed 64-token tile, 64-deep k-blocks
+    {17, 0, 1}, {18, 0, 1}, {19, 0, 1},            // 128x96, 192x96, 192x128 ping-pong (v0.49)
 }};
 
 // Swizzles 0 and 1 are the same order (CUTLASS's default).

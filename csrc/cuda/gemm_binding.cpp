@@ -228,7 +228,7 @@ bool wants_padding(const kernels::GemmParams& p, int64_t m, int64_t k) {
 
 // float32 at precision "highest" on SM90 (see split_tf32.h): problems at least this large run as
 // one TF32 GEMM over split operands, 3x the K, on the SM90 kernel that accumulates with fp32 adds
-// (config 17); the split costs one pass over A and B and 3x their memory for the duration of the
+// (config 21); the split costs one pass over A and B and 3x their memory for the duration of the
 // call (capped below; above the cap, the SM80 3xTF32 kernels run instead).
 constexpr double kSplitMinWork = 1 << 26;
 constexpr int64_t kSplitMaxBytes = int64_t{4} << 30;

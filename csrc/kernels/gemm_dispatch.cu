@@ -4,7 +4,7 @@
 //
 // Selection (first registry row that fits, rows are in priority order):
 //   1. kSm90TmaWs     only if sm == 90, arch_path == kAuto, 16-bit A/B (or float32 with
-//                     Fp32Math::kTf32: config 17, or kTf32Split: config 18), every operand
+//                     Fp32Math::kTf32: config 20, or kTf32Split: config 21), every operand
 //                     16-byte aligned, and (for a row-broadcast bias) beta == 1; among its tile
 //                     configurations the one choose_sm90_config() names for the problem shape.
 //                     The only family with fused activation epilogues. For a small M the rule
@@ -112,8 +112,8 @@ constexpr int kActConfig = 3;
 // H200 (4.8 TB/s) measured it ahead, the H100 (3.35 TB/s) behind (v0.44).
 constexpr int kPingpongWavesMinGbps = 4500;
 // The SM90 configurations of float32 operands: TF32, and the TF32 parts of a 3xTF32 split.
-constexpr int kTf32Config = 17;
-constexpr int kTf32SplitConfig = 18;
+constexpr int kTf32Config = 20;
+constexpr int kTf32SplitConfig = 21;
 // The short-K configurations (Sm90TileConfig<8, 9>: config 0 with a 128x64 / 128x128 epilogue
 // tile), compiled for the wgrad layout with the input dtype out only.
 constexpr int kShortKConfig = 8;
@@ -140,6 +140,11 @@ struct SwappedTile {
 constexpr SwappedTile kSwappedTiles[] = {{16, 4}, {32, 5}, {64, 6}, {128, 7}};
 // Config 6's tile with 64-deep k-blocks (Sm90TileConfig<16>, v0.41).
 constexpr int kSwappedDeepConfig = 16;
+// v0.49: the wave-filling ping-pong tiles (Sm90TileConfig<17..19>: 128x96, 192x96, 192x128, no
+// cluster), compiled with the input dtype out only.
+constexpr int kTile128x96Config = 17;
+constexpr int kTile192x96Config = 18;
+constexpr int kTile192x128Config = 19;
 bool is_swapped_config(int config) {
   return (config >= 4 && config <= 7) || config == kSwappedDeepConfig;
 }
@@ -761,7 +766,83 @@ bool tile192_no_cluster_takes_short_wgrad(const GemmParams& p, int64_t sms) {
   return tiles192 <= sms && tiles192 * 10 >= sms * 7 && tiles128 > sms && tiles128 * 4 <= sms * 5;
 }
 
-Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before, bool rule_transposes) {
+// v0.49: the output tile of a configuration (rows x columns of D, or of D^T for the transposed
+// problem's configurations), the cluster it is rounded up to, and whether it runs the
+// transposed problem. Stream-K and split-K choices (config 2) count as their data-parallel
+// 128x128 tiles: what the clause below weighs is how whole the waves of output tiles are.
+struct OutputTile {
+  int64_t rows, cols, cluster_m, cluster_n;
+  bool transposed;
+};
+OutputTile output_tile(int config) {
+  switch (config) {
+    case 0: case 8: case 9: return {128, 256, 2, 1, false};
+    case 1: return {128, 192, 1, 1, false};
+    case 10: return {128, 192, 2, 1, false};
+    case 3: return {128, 128, 1, 2, false};
+    case 4: return {64, 16, 1, 1, true};
+    case 5: return {64, 32, 1, 1, true};
+    case 6: case kSwappedDeepConfig: return {64, 64, 1, 1, true};
+    case 7: return {64, 128, 1, 1, true};
+    case kSmallWgradConfig: return {64, 64, 1, 1, false};
+    case kSmallWgradNarrowConfig: return {64, 32, 1, 1, false};
+    case kTile64x128Config: return {64, 128, 1, 1, false};
+    case kTile256x128Config: return {256, 128, 1, 2, false};
+    case kTile128x96Config: return {128, 96, 1, 1, false};
+    case kTile192x96Config: return {192, 96, 1, 1, false};
+    case kTile192x128Config: return {192, 128, 1, 1, false};
+    default: return {128, 128, 1, 1, false};  // 2 (stream-K / split-K), 15
+  }
+}
+
+// The share of the SMs' tile turns that compute D (per mille): D's elements over the elements of
+// all the tiles the waves could hold (scheduled tiles rounded up to whole waves of `sms`).
+int64_t wave_use_permille(const GemmParams& p, const OutputTile& t, int swizzle, int64_t sms) {
+  const int64_t m = t.transposed ? p.n : p.m, n = t.transposed ? p.m : p.n;
+  const int64_t tiles = scheduled_tiles(ceil_div(m, t.rows), ceil_div(n, t.cols), t.cluster_m,
+                                        t.cluster_n, swizzle);
+  const int64_t capacity = ceil_div(tiles, sms) * sms * t.rows * t.cols;
+  return m * n * 1000 / capacity;
+}
+
+// v0.49 (whole_waves): configs 17-19 (128x96, 192x96, 192x128 ping-pong tiles, no cluster) where
+// one of them fills one or two waves of the SMs at least 88% with D's own elements and the
+// rule's choice fills them at most 80%: the transformer GEMMs whose outputs are 3072 x 768,
+// 768 x 3072, 3072 x 1024 (weight gradients, 0.78-0.86 of cuBLAS on the H100) and 512 x 2816..3072
+// (forward and dgrad over 512 tokens, 0.82-0.87), where cuBLAS runs 192x96, 128x192 and 96x128
+// tiles (results/cublas_kernels_h100_20261124.json) and the rule's tiles leave a quarter to a
+// third of the SMs' turns empty. The K range is the measured transformer set's (512-16384).
+// Not where the rule streams K over more than 4096 (config 2): its stream-K tiles even out the
+// waves there (16384 x 3072 x 768 and 16384 x 768 x 3072 weight gradients at 0.97-1.00 of
+// cuBLAS on the H100, results/bench_nvidia-h100-80gb-hbm3_20261207-134824.json). Not the
+// batched split-K (chosen after the rule, plan_normalized): that is for far fewer tiles.
+bool whole_waves_tile(const GemmParams& p, const Sm90Choice& before, int64_t sms,
+                      Sm90Choice* out) {
+  if (p.k < 512 || p.k > 16384) return false;
+  if (before.config == 2 && p.k > 4096) return false;
+  const int64_t before_use = wave_use_permille(p, output_tile(before.config), before.swizzle, sms);
+  if (before_use > 800) return false;
+  int best = -1;
+  int64_t best_use = 880 - 1;
+  for (int config : {kTile192x128Config, kTile192x96Config, kTile128x96Config}) {
+    const OutputTile t = output_tile(config);
+    const int64_t tiles = ceil_div(p.m, t.rows) * ceil_div(p.n, t.cols);
+    if (tiles > 2 * sms) continue;
+    const int64_t use = wave_use_permille(p, t, 1, sms);
+    if (use > best_use) {  // ties keep the larger tile (listed first): fewer waves
+      best = config;
+      best_use = use;
+    }
+  }
+  if (best < 0) return false;
+  out->config = best;
+  out->swizzle = 1;
+  out->splits = 0;
+  return true;
+}
+
+Sm90Choice with_wave_fill_v048(const GemmParams& p, const Sm90Choice& before,
+                               bool rule_transposes) {
   const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
   if (!is_16bit(p.dtype_ab) || p.dtype_cd != p.dtype_ab || has_fused_epilogue(p)) return before;
   Sm90Choice c;
@@ -829,6 +910,16 @@ Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before, bool ru
     }
   }
   return before;
+}
+
+// The wave-fill clauses: v0.40-v0.48's, then v0.49's whole_waves on their choice.
+Sm90Choice with_wave_fill(const GemmParams& p, const Sm90Choice& before, bool rule_transposes) {
+  const Sm90Choice c = with_wave_fill_v048(p, before, rule_transposes);
+  if (!is_16bit(p.dtype_ab) || p.dtype_cd != p.dtype_ab || has_fused_epilogue(p)) return c;
+  if (p.m <= 128 && p.n >= 1024) return c;  // the small-M transposed problem's own tiles
+  const int64_t sms = p.multiprocessors > 0 ? p.multiprocessors : 132;
+  Sm90Choice whole;
+  return whole_waves_tile(p, c, sms, &whole) ? whole : c;
 }
 
 }  // namespace
@@ -1362,8 +1453,11 @@ const char* sm90_config_name(int config) {
     case 14: return "256x128x64_1x2x1_coop";
     case 15: return "128x128x64_1x1x1_pingpong";
     case 16: return "64x64x64_1x1x1_pingpong_swapab";
-    case 17: return "128x256x32_2x1x1_coop";
-    case 18: return "128x128x32_2x1x1_coop_promoted";
+    case 17: return "128x96x64_1x1x1_pingpong";
+    case 18: return "192x96x64_1x1x1_pingpong";
+    case 19: return "192x128x64_1x1x1_pingpong";
+    case 20: return "128x256x32_2x1x1_coop";
+    case 21: return "128x128x32_2x1x1_coop_promoted";
   }
   return nullptr;
 }

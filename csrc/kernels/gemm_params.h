@@ -25,7 +25,7 @@ enum class Fp32Math : int {
   kIeee = 0,  // full fp32 FMA (torch.get_float32_matmul_precision() == "highest")
   kTf32 = 1,  // TF32 tensor cores ("high" / "medium", allow_tf32 = True)
   // The operands are the TF32 parts of a 3xTF32 split (split_tf32.h): TF32 products, summed
-  // with fp32 accuracy. On SM90 the kernel (config 17) adds WGMMA's partial sums into separate
+  // with fp32 accuracy. On SM90 the kernel (config 21) adds WGMMA's partial sums into separate
   // fp32 registers every 128 products, since WGMMA's own fp32 accumulation loses low-order bits.
   kTf32Split = 2,
 };
@@ -133,9 +133,10 @@ const char* gemm_status_string(GemmStatus status);
 // 8 and 9 are the short-K (wgrad) ones, 10 the 128x192 tile (1 the same without a cluster, v0.30;
 // a 128x256 stream-K tile before), 11 and 12 the small-wgrad ones, 13 the 64x128 ping-pong tile,
 // 14 the 256x128 tile with a 1x2 cluster, 15 config 3's ping-pong tile without a cluster (v0.37),
-// 16 the transposed problem's 64-token tile with 64-deep k-blocks (config 6's, v0.41);
-// configs 17 (TF32) and 18 (3xTF32 parts, promoted accumulation) are float32 only and not counted.
-constexpr int kSm90ConfigCount = 17;
+// 16 the transposed problem's 64-token tile with 64-deep k-blocks (config 6's, v0.41), 17-19 the
+// 128x96, 192x96 and 192x128 ping-pong tiles without a cluster (v0.49); configs 20 (TF32) and 21
+// (3xTF32 parts, promoted accumulation) are float32 only and not counted.
+constexpr int kSm90ConfigCount = 20;
 const char* sm90_config_name(int config);
 
 // What the per-shape rule picks for these params (ignores the overrides in them).

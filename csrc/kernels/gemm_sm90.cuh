@@ -216,11 +216,41 @@ struct Sm90TileConfig<15> : Sm90TileConfig<3> {
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
 };
 
-// 17 and 18 (apart from the 16-bit configurations, which the sweep enumerates): float32 operands
-// on TF32 tensor cores, K-major A and B (the "tn" layout) only, 32-deep k-blocks.
-// 17: TF32 matmuls (float32 matmul precision "high"): 128x256 tiles, 4 pipeline stages.
+// 17-19 (v0.49): tiles whose counts fill whole waves of 132 SMs at transformer shapes where the
+// 128-multiple tiles leave a wave a third to half empty (what cuBLAS runs there: its nvjet
+// 96x128, 192x96 and 128x192 kernels, results/cublas_kernels_h100_20261124.json). Ping-pong, no
+// cluster; each consumer warpgroup holds a whole tile's accumulators (96, 144 and 192 fp32
+// registers per thread).
+// 17: 128x96. 512 token rows x 3072 (2816) outputs: 4 x 32 (30) = 128 (120) tiles, against 4 x 24
+// = 96 of 128x128 and 48 x 4 = 192 (1.45 waves) of the transposed problem's 64x128 tiles; the
+// 3072 x 1024 weight gradient: 24 x 11 = 264, two full waves.
 template <>
 struct Sm90TileConfig<17> {
+  using TileShape = cute::Shape<cute::_128, cute::_96, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
+};
+// 18: 192x96, three 64-row WGMMAs per k-step. The weight gradients of 768 <-> 3072 layers: 3072 x
+// 768 in 16 x 8 = 128 tiles, 768 x 3072 in 4 x 32 = 128 (128x128: 144, 1.09 waves).
+template <>
+struct Sm90TileConfig<18> : Sm90TileConfig<17> {
+  using TileShape = cute::Shape<cute::_192, cute::_96, cute::_64>;
+};
+// 19: 192x128. The 3072 x 1024 weight gradient (a 1024 -> 3072 layer): 16 x 8 = 128 tiles,
+// against 96 of 256x128 and 192 of 128x128.
+template <>
+struct Sm90TileConfig<19> : Sm90TileConfig<17> {
+  using TileShape = cute::Shape<cute::_192, cute::_128, cute::_64>;
+};
+
+// 20 and 21 (apart from the 16-bit configurations, which the sweep enumerates; 17 and 18 until
+// v0.49): float32 operands on TF32 tensor cores, K-major A and B (the "tn" layout) only, 32-deep
+// k-blocks.
+// 20: TF32 matmuls (float32 matmul precision "high"): 128x256 tiles, 4 pipeline stages.
+template <>
+struct Sm90TileConfig<20> {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_32>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -228,7 +258,7 @@ struct Sm90TileConfig<17> {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
 };
 
-// 18: the 3xTF32 path of precision "highest" (operands split into TF32 parts by the binding,
+// 21: the 3xTF32 path of precision "highest" (operands split into TF32 parts by the binding,
 // split_tf32.h). Every product of TF32 parts is exact in fp32, but WGMMA's fp32 accumulation is
 // not IEEE round-to-nearest: one TF32 GEMM over the split operands measured 1.0e-5 relative error
 // against cuBLAS fp32's 2.2e-7 (4096^3, H200), its results biased toward zero. So the WGMMA
@@ -241,7 +271,7 @@ struct Sm90TileConfig<17> {
 // 11.5 ms, error 6.6e-7; every second one (8 MMAs) 11.1 ms, 5.0e-7; every fourth (16 MMAs,
 // 128-deep partial sums) is the setting.
 template <>
-struct Sm90TileConfig<18> {
+struct Sm90TileConfig<21> {
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_32>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -603,9 +633,9 @@ struct KernelImpl<KernelTag<KernelFamily::kSm90TmaWs, AB, CD, LA, LB, Align, Con
   using Op = Sm90Gemm<detail::element_t<AB>, detail::element_t<CD>, detail::layout_t<LA>,
                       detail::layout_t<LB>, Sm90TileConfig<Config>, Epi, Act>;
   static_assert(Align == Op::kAlignmentAB, "SM90 kernels use 16-byte alignment");
-  static_assert(AB != DType::kFloat32 || ((Config == 17 || Config == 18) &&
+  static_assert(AB != DType::kFloat32 || ((Config == 20 || Config == 21) &&
                                           LA == Layout::kRowMajor && LB == Layout::kColumnMajor),
-                "float32 (TF32) SM90 kernels: config 17 or 18, K-major A and B (tn) only");
+                "float32 (TF32) SM90 kernels: config 20 or 21, K-major A and B (tn) only");
   static_assert((Epi == EpilogueKind::kLinCombColMajorD) ==
                     ((Config >= 4 && Config <= 7) || Config == 16),
                 "configs 4-7 and 16 (and only they) run the transposed small-M problem");

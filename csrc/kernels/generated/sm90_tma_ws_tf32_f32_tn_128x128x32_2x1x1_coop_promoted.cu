@@ -6,7 +6,7 @@ namespace cutlass_nn {
 namespace kernels {
 
 // sm90_tma_ws_tf32_f32_tn_128x128x32_2x1x1_coop_promoted
-template GemmStatus launch<KernelTag<KernelFamily::kSm90TmaWs, DType::kFloat32, DType::kFloat32, Layout::kRowMajor, Layout::kColumnMajor, 4, 18, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
+template GemmStatus launch<KernelTag<KernelFamily::kSm90TmaWs, DType::kFloat32, DType::kFloat32, Layout::kRowMajor, Layout::kColumnMajor, 4, 21, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 }  // namespace kernels
 }  // namespace cutlass_nn

@@ -6,7 +6,7 @@ namespace cutlass_nn {
 namespace kernels {
 
 // sm90_tma_ws_tf32_f32_tn_128x256x32_2x1x1_coop
-template GemmStatus launch<KernelTag<KernelFamily::kSm90TmaWs, DType::kFloat32, DType::kFloat32, Layout::kRowMajor, Layout::kColumnMajor, 4, 17, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
+template GemmStatus launch<KernelTag<KernelFamily::kSm90TmaWs, DType::kFloat32, DType::kFloat32, Layout::kRowMajor, Layout::kColumnMajor, 4, 20, EpilogueKind::kLinComb, Activation::kIdentity>>(const GemmParams&, void*, size_t, cudaStream_t, const char**, size_t*);
 
 }  // namespace kernels
 }  // namespace cutlass_nn
