@@ -105,8 +105,9 @@ EPILOGUES = {"kLinComb": "", "kAct": "", "kActAux": "_aux", "kLinCombColMajorD":
 # H200 (benchmarks/NOTES.md, thirty-fourth session; results/variant_ab_nvidia-h200_*-0717*.txt),
 # and (v0.39) the cooperative 128x256 / 256x128 tiles of the large GEMMs, config 0 without C 1-3%
 # faster on the language-model head's forward and weight gradient at a training step's clock
-# (thirty-fifth session; results/variant_ab_nvidia-h200_20261129-110454.txt).
-SM90_WITHOUT_C_CONFIGS = (3, 15, 0, 14)
+# (thirty-fifth session; results/variant_ab_nvidia-h200_20261129-110454.txt); (v0.49) the
+# wave-filling ping-pong tiles 17-19, whose GEMMs are plain products too.
+SM90_WITHOUT_C_CONFIGS = (3, 15, 0, 14, 17, 18, 19)
 # The SM90 configuration of the fused bias + activation forward kernels: ping-pong, whose
 # epilogue (the activation math, the extra pre-activation store) overlaps the other warpgroup's
 # mainloop.

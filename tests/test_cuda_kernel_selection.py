@@ -689,10 +689,10 @@ def test_rule_at_transformer_shapes(op, shape, config, dtype, gen):
     assert_unchanged(args, before, context)
 
 
-# Kernels without a C operand (configs 3 and 15 since v0.38, 0 and 14 since v0.39; 16-bit in and
-# out, every layout) for plain products: the same product as the kernel with C, bitwise (same
-# mainloop; with beta = 0 the kernel with C never reads C), and never for a bias.
-WITHOUT_C_CONFIGS = [3, 15, 0, 14]
+# Kernels without a C operand (configs 3 and 15 since v0.38, 0 and 14 since v0.39, 17-19 since
+# v0.49; 16-bit in and out, every layout) for plain products: the same product as the kernel with
+# C, bitwise (same mainloop; with beta = 0 the kernel with C never reads C), and never for a bias.
+WITHOUT_C_CONFIGS = [3, 15, 0, 14, 17, 18, 19]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])

@@ -560,10 +560,12 @@ def test_forced_configuration_keeps_the_fused_gelu(harness):
 
 
 # The kernels without a C operand (EpilogueKind::kLinCombNoC): configs 3 and 15 (v0.38), 0 and 14
-# (v0.39), 16-bit in and out, every layout; a plain product takes them, a bias or beta != 0 does
-# not.
+# (v0.39), 17-19 (v0.49), 16-bit in and out, every layout; a plain product takes them, a bias or
+# beta != 0 does not.
 WITHOUT_C_TILES = {3: "128x128x64_1x2x1_pingpong", 15: "128x128x64_1x1x1_pingpong",
-                   0: "128x256x64_2x1x1_coop", 14: "256x128x64_1x2x1_coop"}
+                   0: "128x256x64_2x1x1_coop", 14: "256x128x64_1x2x1_coop",
+                   17: "128x96x64_1x1x1_pingpong", 18: "192x96x64_1x1x1_pingpong",
+                   19: "192x128x64_1x1x1_pingpong"}
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad"])
@@ -785,3 +787,51 @@ def test_v044_leaves_every_other_plan_of_the_shape_set_alone(harness):
             if plan(harness, op, gm, gn, gk, memory_gbps=3352) != plan(harness, op, gm, gn, gk, memory_gbps=4915):
                 moved.add((op, gm, gn, gk))
     assert moved == set(PINGPONG_WAVES_GEMMS)
+
+
+def _wave_use(m: int, n: int, rows: int, cols: int, sms: int = SMS) -> float:
+    """D's share of the tile turns of the waves a rows x cols tile needs (no cluster, swizzle 1)."""
+    tiles = -(-m // rows) * -(-n // cols)
+    return m * n / (-(-tiles // sms) * sms * rows * cols)
+
+
+WHOLE_WAVE_TILES = {17: (128, 96), 18: (192, 96), 19: (192, 128)}
+
+
+@pytest.mark.parametrize("case", [
+    ("wgrad", 3072, 1024, 4096, 19),  # 16 x 8 = 128 tiles of 192x128 (96 of 256x128 before)
+    ("wgrad", 3072, 768, 4096, 18),  # 16 x 8 = 128 of 192x96 (144 of 128x128, stream-K before)
+    ("wgrad", 768, 3072, 4096, 18),  # 4 x 32 = 128
+    ("fwd", 512, 3072, 1024, 17),  # 4 x 32 = 128 of 128x96 (192 transposed 64x128 before)
+    ("dgrad", 512, 3072, 768, 17),
+], ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}x{c[3]}")
+def test_whole_waves_tiles_where_they_fill_the_waves(harness, case):
+    op, m, n, k, config = case
+    got = plan(harness, op, m, n, k)
+    assert (got.config, got.swizzle, got.splits, got.transposed) == (config, 1, 0, False), got
+    assert _wave_use(m, n, *WHOLE_WAVE_TILES[config]) >= 0.88
+    assert got.kernel.endswith(f"_noc_{WHOLE_WAVE_TILES[config][0]}x{WHOLE_WAVE_TILES[config][1]}"
+                               "x64_1x1x1_pingpong"), got
+
+
+def test_whole_waves_tiles_stay_in_their_domain(harness):
+    def cfg(op, m, n, k, **kw):
+        return plan(harness, op, m, n, k, **kw).config
+
+    # float32 outputs (an fp32 main gradient) and fused epilogues: no 16-bit-only tile
+    assert cfg("wgrad", 3072, 1024, 4096, out_f32=True) not in WHOLE_WAVE_TILES
+    assert cfg("fwd", 512, 3072, 1024, fused=True) not in WHOLE_WAVE_TILES
+    # stream-K over K > 4096 evens out its own waves: kept
+    assert cfg("wgrad", 3072, 768, 16384) == 2
+    # K outside 512..16384, and the small-M transposed problem, keep the rule's tiles
+    assert cfg("wgrad", 3072, 1024, 256) not in WHOLE_WAVE_TILES
+    assert cfg("fwd", 128, 3072, 1024) not in WHOLE_WAVE_TILES
+    # a large problem whose tiles already fill their waves: untouched
+    assert cfg("fwd", 4096, 4096, 4096) == 0
+    # wherever the rule takes one of the three, that tile fills its waves at least 88%
+    for op in ("fwd", "dgrad", "wgrad"):
+        for m in (512, 1024, 2048, 2816, 3072, 4096):
+            for n in (768, 1024, 2816, 3072, 4096):
+                got = plan(harness, op, m, n, 2048)
+                if got.config in WHOLE_WAVE_TILES:
+                    assert _wave_use(m, n, *WHOLE_WAVE_TILES[got.config]) >= 0.88, (op, m, n, got)
