@@ -601,7 +601,7 @@ TRANSFORMER_RULE_CASES = [
     ("linear_dgrad", (4096, 1024, 4096), 3),  # dgrad GEMM 4096 x 4096 x 1024
     ("linear", (4096, 2816, 1024), 3),
     ("linear_dgrad", (4096, 256, 1024), 14),  # dgrad GEMM 4096 x 1024 x 256
-    ("linear_wgrad", (4096, 3072, 1024), 14),  # 96 tiles of 256x128 over 4096 tokens
+    ("linear_wgrad", (4096, 3072, 1024), 19),  # v0.49: 128 tiles of 192x128 (96 of 256x128)
     # 128x192 tiles without a cluster over 2048-4096 tokens (v0.30)
     ("linear_wgrad", (4096, 1024, 2816), 1),  # 120 tiles of 128x192: 91% of a wave
     ("linear_wgrad", (4096, 2816, 1024), 1),  # 132 tiles, a taller output
@@ -610,7 +610,7 @@ TRANSFORMER_RULE_CASES = [
     ("linear_wgrad", (4096, 3328, 768), 2),  # 104 tiles: under 80%, stream-K
     ("linear", (4096, 768, 3072), 10),  # 128 tiles of 128x192 in place of the transposed problem
     ("linear", (4096, 4096, 4096), 0),
-    ("linear_wgrad", (4096, 3072, 768), 2),  # 144 tiles: stream-K
+    ("linear_wgrad", (4096, 3072, 768), 18),  # v0.49: 128 tiles of 192x96 (144 of 128x128)
     ("linear", (512, 12288, 4096), 1),  # data-parallel 128x128 before v0.40: 128x192, no cluster
     ("linear", (4096, 2304, 768), 3),  # 288 tiles of 256x128, 73% of three waves: ping-pong (v0.32)
     ("linear", (4096, 8192, 1024), 3),  # short-ish K, 1024 tiles: ping-pong
@@ -620,7 +620,7 @@ TRANSFORMER_RULE_CASES = [
     # v0.40: config 15 for the weight gradient over 512 tokens, and where the rule would
     # transpose a weight gradient (which cannot run transposed); config 1 for the wide forward
     ("linear_wgrad", (512, 4096, 4096), 15),
-    ("linear_wgrad", (512, 2816, 1024), 15),
+    ("linear_wgrad", (512, 2816, 1024), 19),
     ("linear_dgrad", (512, 1024, 4096), 15),  # dgrad GEMM 512 x 4096 x 1024: one_wave
     ("linear", (512, 18944, 3584), 1),
     ("linear", (1024, 2816, 2816), 10),  # 128x192 tiles, not the transposed problem (v0.25)
@@ -628,11 +628,12 @@ TRANSFORMER_RULE_CASES = [
     # v0.42: 16 tiles over 16384 tokens, batched split-K (config 2's float32-output kernel)
     ("linear_wgrad", (16384, 256, 1024), 2),
     # v0.43: one wave of 64x128 tiles for the 128 x 8192 weight gradient over >= 4096 tokens;
-    # config 1's 128x192 tiles for the 768 x 3072 / 3072 x 768 ones over 512 tokens
+    # config 1's 128x192 tiles for the 768 x 3072 / 3072 x 768 ones over 512 tokens (v0.49:
+    # config 18's 192x96, one whole wave)
     ("linear_wgrad", (4096, 128, 8192), 13),
     ("linear_wgrad", (16384, 128, 8192), 13),
-    ("linear_wgrad", (512, 768, 3072), 1),
-    ("linear_wgrad", (512, 3072, 768), 1),
+    ("linear_wgrad", (512, 768, 3072), 18),
+    ("linear_wgrad", (512, 3072, 768), 18),
     # v0.40's pingpong_waves (7 waves of 128x128 tiles, 1x2 cluster, against 5 of 128x192): from
     # v0.44 on devices of at least 4.5 TB/s only (the H200); the H100 keeps config 10
     ("linear", (4096, 3584, 3584), PINGPONG_WAVES),

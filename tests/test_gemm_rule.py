@@ -107,10 +107,11 @@ RULE_CASES = {
     ("wgrad", 1024, 2816, 8192): (10, 0, 0, False),  # beyond 4096 tokens: as before v0.30
     ("wgrad", 2816, 1024, 8192): (2, 0, 0, False),
     ("wgrad", 2816, 1024, 4097): (2, 0, 0, False),  # just over 4096 tokens
-    ("wgrad", 2816, 1024, 2047): (14, 2, 0, False),  # under 2048 tokens: the block is not reached
+    # v0.49 whole_waves (was (14, 2)): under 2048 tokens: the block is not reached
+    ("wgrad", 2816, 1024, 2047): (19, 1, 0, False),
     # the clause is asked only inside the mid-size weight-gradient block (at most 1.4 waves of
     # 128x128 tiles): one wave of 128x192 tiles but 198 of 128x128 keeps config 14
-    ("wgrad", 2816, 1152, 4096): (14, 1, 0, False),
+    ("wgrad", 2816, 1152, 4096): (17, 1, 0, False),  # v0.49 whole_waves (was (14, 1))
     ("wgrad", 2432, 1152, 4096): (1, 2, 0, False),  # 19 x 6 = 114 tiles (swizzle 2: 20 x 6)
     # v0.31: from 80% of a wave (H200: 3584 x 768 over 4096 tokens 0.971 vs 0.861 for stream-K)
     ("wgrad", 2048, 1344, 4096): (1, 2, 0, False),  # 16 x 7 = 112 tiles: 84.8% of a wave
@@ -126,14 +127,15 @@ RULE_CASES = {
     ("wgrad", 1152, 2304, 4096): (1, 2, 0, False),
     ("wgrad", 1664, 1728, 4096): (1, 1, 0, False),  # 13 x 9 = 117; a swizzle of 2 walks 14 x 10
     ("wgrad", 2304, 768, 4096): (15, 2, 0, False),  # 108 tiles of 128x128: v0.40 one_wave
-    ("fwd", 2816, 1024, 4096): (14, 2, 0, False),  # not the weight gradient's layout
-    ("dgrad", 2816, 1024, 4096): (14, 2, 0, False),
+    # v0.49 whole_waves (was (14, 2)): not the weight gradient's layout
+    ("fwd", 2816, 1024, 4096): (19, 1, 0, False),
+    ("dgrad", 2816, 1024, 4096): (19, 1, 0, False),  # v0.49 whole_waves (was (14, 2))
     ("fwd", 4096, 768, 3072): (10, 4, 0, False),  # in place of the transposed problem
     ("dgrad", 4096, 3584, 3584): (3, 0, 0, False),  # 5 waves of 192 vs 4 of 256; v0.40: 7 of 128
     ("fwd", 16384, 128, 8192): (15, 2, 0, False),  # 128 tiles: v0.40 one_wave (0.972 vs 0.787)
     # rule: transposed, which wgrad cannot be; v0.43: 96 tiles of 128x192 (73% of a wave) where
     # 144 of 128x128 spill into a second wave: config 1
-    ("wgrad", 3072, 768, 512): (1, 2, 0, False),
+    ("wgrad", 3072, 768, 512): (18, 1, 0, False),  # v0.49 whole_waves (was (1, 2))
     # config 0 and its swizzle (v0.10): 2 from 48 tiles along the grid's shorter side
     ("fwd", 16384, 18944, 3584): (0, 2, 0, False),
     ("fwd", 16384, 14336, 4096): (0, 2, 0, False),
@@ -160,7 +162,7 @@ RULE_CASES = {
     ("dgrad", 4096, 1024, 4096): (15, 2, 0, False),
     ("wgrad", 1024, 4096, 4096): (15, 2, 0, False),
     ("fwd", 4096, 1024, 8192): (0, 0, 0, False),  # two waves over K > 4096: config 14 or 0
-    ("wgrad", 3072, 1024, 4096): (14, 2, 0, False),
+    ("wgrad", 3072, 1024, 4096): (19, 1, 0, False),  # v0.49 whole_waves (was (14, 2))
     ("wgrad", 4096, 4096, 1024): (14, 2, 0, False),  # 512 tiles
     # v0.36: config 3 in config 14's place for the forward and dgrad layouts with 256 < K <= 1024
     # (inside compiled H200 steps: 4096 x 4096 x 1024 forward 46.5 vs 51.5 us, dgrad 46.5 vs
@@ -183,7 +185,8 @@ RULE_CASES = {
     ("fwd", 8192, 1024, 1024): (3, 0, 0, False),  # 512 tiles: more than 3 waves
     ("fwd", 3200, 1024, 1024): (15, 0, 0, False),  # 200 tiles: just over 1.5 waves
     ("fwd", 3072, 1024, 1024): (7, 0, 0, True),  # 192 tiles: under 1.5 waves, transposed as before
-    ("fwd", 6144, 1024, 1024): (0, 0, 0, False),  # config 14's gate refuses it (73% full waves)
+    # v0.49 whole_waves (was (0, 0)): config 14's gate refuses it (73% full waves)
+    ("fwd", 6144, 1024, 1024): (19, 1, 0, False),
     ("wgrad", 4096, 1024, 1024): (15, 2, 0, False),  # not v0.37's clause: v0.40 two_waves
     # v0.38: config 15 for the dgrad layout of the same domain (isolated, H200: 4096 x 1024 x
     # 1024 16.2 vs 16.3-16.4 us on config 3; inside compiled llama-host steps 15.0 vs 15.2, and
@@ -214,7 +217,7 @@ RULE_CASES = {
     # shape set, results/sweep_nvidia-h200_20261202-122047.json). one_wave: config 15, swizzle
     # 2, for 66 < t <= 132 tiles of 128x128 with K > 256
     ("dgrad", 512, 4096, 1024): (15, 2, 0, False),  # 128 tiles (0.952 vs 0.896 transposed)
-    ("dgrad", 512, 3072, 768): (15, 2, 0, False),  # 96 tiles
+    ("dgrad", 512, 3072, 768): (17, 1, 0, False),  # v0.49 whole_waves (was (15, 2); 96 tiles)
     ("fwd", 512, 3584, 3584): (15, 2, 0, False),  # 112 tiles (0.902 vs 0.854 on config 2)
     ("fwd", 512, 4096, 1024): (7, 0, 0, True),  # a forward transposed over K <= 1024 stays so
     ("fwd", 512, 4096, 1032): (15, 2, 0, False),
@@ -237,7 +240,8 @@ RULE_CASES = {
     ("wgrad", 4096, 4096, 512): (15, 2, 0, False),  # 1024 tiles (1.125 vs 0.960)
     ("wgrad", 8192, 1024, 512): (15, 2, 0, False),  # (1.071 vs 0.954)
     ("wgrad", 4096, 4096, 520): (14, 2, 0, False),  # over 512 tokens: not measured
-    ("wgrad", 1024, 2816, 512): (15, 2, 0, False),  # the rule transposes; wgrad cannot (0.927 vs 0.868)
+    # v0.49 whole_waves (was (15, 2)): the rule transposes; wgrad cannot (0.927 vs 0.868)
+    ("wgrad", 1024, 2816, 512): (19, 1, 0, False),
     # wide_data_parallel: the forward and dgrad layouts' data-parallel config 2 -> config 1
     ("fwd", 512, 18944, 3584): (1, 0, 0, False),  # (0.997 vs 0.869)
     ("dgrad", 512, 18944, 3584): (1, 0, 0, False),  # (1.023 vs 0.878)
@@ -264,7 +268,8 @@ RULE_CASES = {
     # from the row-major rule (v0.25): N >= 2048, not the weight gradient's layout
     ("fwd", 1024, 2816, 2816): (10, 0, 0, False),  # transposed 0.61, config 14 0.74-0.77, 10 0.90-0.94
     ("dgrad", 1024, 3072, 1024): (10, 0, 0, False),
-    ("wgrad", 2816, 1024, 1024): (14, 2, 0, False),  # no transposed kernels: config 14 stays
+    # v0.49 whole_waves (was (14, 2)): no transposed kernels: config 14 stays
+    ("wgrad", 2816, 1024, 1024): (19, 1, 0, False),
     ("fwd", 2048, 1536, 1024): (7, 0, 0, True),  # N < 2048: the 128x192 tile is slow there
     # config 0, not ping-pong, for the weight gradient of 1025-2047 tiles over more than 2048
     # tokens (v0.27: in the compiled steps of bench --what step-sweep and isolated)
@@ -391,8 +396,9 @@ def test_wave_fill_clause_edges(harness):
     # a forward the rule transposes keeps the transposed kernels over K <= 1024
     assert cfg("fwd", 512, 4096, 1024) == (7, 0, 0, True)
     # the weight gradient the rule would transpose (it cannot run so) takes the clauses
+    # (v0.49: the whole_waves clause then takes config 19's 192x128 tiles, 128 of them)
     got = plan(harness, "wgrad", 1024, 2816, 512)
-    assert 4 <= got.rule[0] <= 7 and (got.config, got.swizzle) == (15, 2), got
+    assert 4 <= got.rule[0] <= 7 and (got.config, got.swizzle) == (19, 1), got
     # short_wgrad from K = 257 (K <= 256 keeps the short-K configurations)
     assert cfg("wgrad", 4096, 4096, 256)[0] == 8
     assert cfg("wgrad", 4096, 4096, 257)[0] == 15
@@ -655,20 +661,25 @@ V043_CASES = {
     ("wgrad", 256, 1024, 16384): (2, 0, -8, False),  # the batched split-K (v0.42) stays
     # the 256x128 / 128x256 tiles' outputs are not taken (the H100 had config 13 behind there:
     # 3072 x 1024 over 4096 tokens 0.699 vs 0.782-0.794)
-    ("wgrad", 3072, 1024, 4096): (14, 2, 0, False),
-    ("wgrad", 3072, 1024, 16384): (0, 0, 0, False),
+    ("wgrad", 3072, 1024, 4096): (19, 1, 0, False),  # v0.49 whole_waves (was (14, 2))
+    ("wgrad", 3072, 1024, 16384): (19, 1, 0, False),  # v0.49 whole_waves (was (0, 0))
     ("fwd", 128, 8192, 4096): (7, 0, 0, True),  # not the weight gradient's layout: transposed
     # config 1 for the weight gradient over <= 512 tokens: 128x192 tiles filling 70-100% of a
     # wave where 128x128 tiles spill under a quarter of a second one
-    ("wgrad", 768, 3072, 512): (1, 2, 0, False),  # 6 x 16 = 96 tiles; 144 of 128x128
-    ("wgrad", 3072, 768, 512): (1, 2, 0, False),
+    # v0.49 whole_waves (was (1, 2)): 6 x 16 = 96 tiles; 144 of 128x128
+    ("wgrad", 768, 3072, 512): (18, 1, 0, False),
+    ("wgrad", 3072, 768, 512): (18, 1, 0, False),  # v0.49 whole_waves (was (1, 2))
     ("wgrad", 768, 3072, 256): (1, 2, 0, False),  # any K up to 512
-    ("wgrad", 768, 3072, 1024): (0, 0, 0, False),  # K > 512: the rule's choice before v0.43
-    ("wgrad", 2816, 1024, 512): (15, 2, 0, False),  # 176 tiles of 128x128: a third of a wave more
-    ("wgrad", 1024, 2816, 512): (15, 2, 0, False),
+    # v0.49 whole_waves (was (0, 0)): K > 512: the rule's choice before v0.43
+    ("wgrad", 768, 3072, 1024): (18, 1, 0, False),
+    # v0.49 whole_waves (was (15, 2)): 176 tiles of 128x128: a third of a wave more
+    ("wgrad", 2816, 1024, 512): (19, 1, 0, False),
+    ("wgrad", 1024, 2816, 512): (19, 1, 0, False),  # v0.49 whole_waves (was (15, 2))
     ("wgrad", 2304, 768, 512): (15, 2, 0, False),  # 72 tiles of 128x192: under 70%
-    ("wgrad", 3072, 1024, 512): (15, 2, 0, False),  # 144 tiles of 128x192: over a wave
-    ("fwd", 768, 3072, 512): (7, 0, 0, True),  # not the weight gradient's layout: transposed
+    # v0.49 whole_waves (was (15, 2)): 144 tiles of 128x192: over a wave
+    ("wgrad", 3072, 1024, 512): (19, 1, 0, False),
+    # v0.49 whole_waves (was (7, 0)): not the weight gradient's layout: transposed
+    ("fwd", 768, 3072, 512): (18, 1, 0, False),
 }
 
 
