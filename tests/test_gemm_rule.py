@@ -110,8 +110,9 @@ RULE_CASES = {
     # v0.49 whole_waves (was (14, 2)): under 2048 tokens: the block is not reached
     ("wgrad", 2816, 1024, 2047): (19, 1, 0, False),
     # the clause is asked only inside the mid-size weight-gradient block (at most 1.4 waves of
-    # 128x128 tiles): one wave of 128x192 tiles but 198 of 128x128 keeps config 14
-    ("wgrad", 2816, 1152, 4096): (17, 1, 0, False),  # v0.49 whole_waves (was (14, 1))
+    # 128x128 tiles): one wave of 128x192 tiles but 198 of 128x128 kept config 14 until v0.49,
+    # whose whole_waves clause then takes 22 x 12 = 264 tiles of 128x96 (two whole waves)
+    ("wgrad", 2816, 1152, 4096): (17, 1, 0, False),
     ("wgrad", 2432, 1152, 4096): (1, 2, 0, False),  # 19 x 6 = 114 tiles (swizzle 2: 20 x 6)
     # v0.31: from 80% of a wave (H200: 3584 x 768 over 4096 tokens 0.971 vs 0.861 for stream-K)
     ("wgrad", 2048, 1344, 4096): (1, 2, 0, False),  # 16 x 7 = 112 tiles: 84.8% of a wave
@@ -396,7 +397,7 @@ def test_wave_fill_clause_edges(harness):
     # a forward the rule transposes keeps the transposed kernels over K <= 1024
     assert cfg("fwd", 512, 4096, 1024) == (7, 0, 0, True)
     # the weight gradient the rule would transpose (it cannot run so) takes the clauses
-    # (v0.49: the whole_waves clause then takes config 19's 192x128 tiles, 128 of them)
+    # (v0.49: the whole_waves clause then takes config 19's 192x128 tiles, 6 x 22 = 132 of them)
     got = plan(harness, "wgrad", 1024, 2816, 512)
     assert 4 <= got.rule[0] <= 7 and (got.config, got.swizzle) == (19, 1), got
     # short_wgrad from K = 257 (K <= 256 keeps the short-K configurations)
